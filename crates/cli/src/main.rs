@@ -1,0 +1,57 @@
+//! `vkdecode`: decode GGUF language models with Vulkan compute.
+//!
+//! The binary is glue: every subcommand lives in its own module and calls into the
+//! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
+//! and maps failures to exit codes.
+
+mod convert;
+mod info;
+mod inspect;
+mod run;
+mod tokenize;
+
+use clap::{Parser, Subcommand};
+
+/// Decode GGUF language models on Vulkan compute, with the weights imported straight
+/// from the page cache on unified-memory GPUs.
+///
+/// Without a subcommand, generates text: `vkdecode -m model.gguf -p "Once upon a time"`.
+#[derive(Parser, Debug)]
+#[command(name = "vkdecode", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    run: run::Args,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show a GGUF file's hyper-parameters, tokenizer, tensors and shard plan.
+    Inspect(inspect::Args),
+    /// Rewrite a GGUF file with its 2-D weights requantised (Q8_0).
+    Convert(convert::Args),
+    /// Turn text into token ids with the model's own tokenizer.
+    Tokenize(tokenize::Args),
+    /// List Vulkan devices, their capabilities, and what `--weights auto` picks on each.
+    Info(info::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Inspect(args)) => inspect::run(args),
+        Some(Command::Convert(args)) => convert::run(args),
+        Some(Command::Tokenize(args)) => tokenize::run(args),
+        Some(Command::Info(args)) => info::run(args),
+        None => run::run(cli.run),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err}");
+        for cause in err.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        std::process::exit(1);
+    }
+}
