@@ -1,0 +1,76 @@
+//! A GGUF file mapped into memory: the one place this crate uses `unsafe`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::error::GgufError;
+use crate::reader::{Gguf, TensorInfo};
+
+/// A GGUF file mapped read-only and shared (`MAP_SHARED`, `PROT_READ`), with its parsed
+/// header. Tensor data is read straight from the mapping: the bytes are the page cache.
+#[derive(Debug)]
+pub struct GgufFile {
+    gguf: Gguf,
+    mmap: Mmap,
+    path: PathBuf,
+}
+
+impl GgufFile {
+    /// Maps `path` and parses its header.
+    ///
+    /// The file must not be truncated or modified while the `GgufFile` (or any
+    /// borrow of its bytes, or any GPU import of its pages) lives: a shrunken file makes
+    /// later reads of the mapping fault (SIGBUS), and a modified one changes the bytes
+    /// under the parsed header. Replace model files by writing a new file and renaming
+    /// it over the old one, which leaves existing mappings intact.
+    #[allow(unsafe_code)]
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let io_err = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = File::open(&path).map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        // SAFETY: memmap2 maps the file read-only and shared. The mapping is sound as
+        // long as no one truncates or writes the file while it is mapped; that contract
+        // is documented on this function and in models/README.md (files are replaced by
+        // rename, never rewritten in place). The map is never exposed mutably.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let gguf = Gguf::parse(&mmap).map_err(|e| e.context(path.display().to_string()))?;
+        Ok(GgufFile { gguf, mmap, path })
+    }
+
+    /// The parsed header.
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
+    /// The mapping itself (for importing its pages into a GPU).
+    pub fn mmap(&self) -> &Mmap {
+        &self.mmap
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A tensor's bytes, borrowed from the mapping.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        self.gguf.tensor_data(&self.mmap, t)
+    }
+}
