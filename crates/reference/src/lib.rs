@@ -1,1 +1,95 @@
-//! reference
+//! CPU reference for vkdecode: one plain f32 function per GPU kernel ([`kernels`]) and a
+//! whole Llama-family forward pass built on them ([`forward`], [`generate_greedy`]).
+//!
+//! This crate is the yardstick the Vulkan decoder is measured against (DESIGN.md,
+//! STYLE.md §6), so it is written to be obviously right rather than fast: weights are
+//! dequantised to f32 at load, every step is a named function, single-threaded. Its
+//! structure follows llama2.c's `run.c`. [`synthetic`] writes tiny random models with the
+//! project's GGUF writer for whole-model tests of the GPU path.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod kernels;
+pub mod model;
+pub mod synthetic;
+
+pub use config::{Arch, Config};
+pub use kernels::RopeMode;
+pub use model::{forward, generate_greedy, Layer, Matrix, Model, State};
+
+use gguf::GgmlType;
+
+/// Everything that can go wrong in the reference: bad metadata or tensors, bad ids.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefError {
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
+    UnsupportedArch(String),
+
+    #[error("missing metadata key '{0}'")]
+    MissingKey(String),
+
+    #[error("metadata key '{key}': {reason}")]
+    BadMetadata { key: String, reason: String },
+
+    #[error("missing tensor '{0}'")]
+    MissingTensor(String),
+
+    #[error("tensor '{name}' has shape {found:?}, expected {expected} from the metadata")]
+    TensorShape {
+        name: String,
+        expected: String,
+        found: Vec<u64>,
+    },
+
+    #[error("{n} elements of {ty} do not fill whole blocks of {block_size}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block_size: usize,
+    },
+
+    #[error("{what}: need {need} bytes, have {have}")]
+    ShortData {
+        what: String,
+        need: usize,
+        have: usize,
+    },
+
+    #[error("{what} has {found} elements, expected {expected}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+
+    #[error("row {row} out of range: the table has {rows} rows")]
+    RowOutOfRange { row: usize, rows: usize },
+
+    #[error("token id {token} out of range: the vocabulary has {vocab} tokens")]
+    TokenOutOfRange { token: u32, vocab: usize },
+
+    #[error("position {pos} is past the context of {ctx_len} positions")]
+    ContextFull { pos: usize, ctx_len: usize },
+
+    #[error("the state was made for a different model configuration")]
+    StateMismatch,
+
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+}
+
+/// Bytes taken by `n` elements of type `ty`; an error when `n` is not a whole number of
+/// blocks.
+pub(crate) fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, RefError> {
+    ty.row_bytes(n as u64)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or(RefError::NotBlockMultiple {
+            ty,
+            n,
+            block_size: ty.block_size(),
+        })
+}

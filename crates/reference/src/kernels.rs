@@ -1,0 +1,339 @@
+//! One plain scalar function per GPU kernel (as plain as llama2.c's `run.c` helpers).
+//!
+//! These are the yardsticks the Vulkan kernels in `shaders/` are tested against, so each
+//! function's semantics are written down in its doc comment and nothing else is implied:
+//! no fusion, no threading, f32 arithmetic throughout (sums of squares and angles are taken
+//! in f64, which only makes the yardstick closer to exact).
+//!
+//! Slice-length preconditions are programming errors, not bad input: each function says
+//! which lengths must agree and panics (like `copy_from_slice`) when they do not. Functions
+//! that read packed GGUF weight bytes validate them and return [`RefError`].
+
+use gguf::GgmlType;
+
+use crate::RefError;
+
+/// Bytes taken by `n` elements of type `ty` (`n` must be a multiple of the block size).
+fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, RefError> {
+    crate::row_bytes(ty, n)
+}
+
+/// Dot product of two equally long f32 slices.
+///
+/// Eight running sums (one per lane) added pairwise at the end: the compiler vectorises
+/// it, and the order is fixed, so results are reproducible.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    let mut acc = [0.0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (xa, xb) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += xa[i] * xb[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    let s4 = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (s4[0] + s4[2]) + (s4[1] + s4[3]) + tail
+}
+
+/// Dequantises row `row` of an embedding table (`table`: rows of `row_len` elements of type
+/// `ty`, packed back to back as GGUF stores them) into `out` (`row_len` elements).
+pub fn embedding_row(
+    ty: GgmlType,
+    table: &[u8],
+    row_len: usize,
+    row: usize,
+    out: &mut [f32],
+) -> Result<(), RefError> {
+    if out.len() != row_len {
+        return Err(RefError::Length {
+            what: "embedding_row out",
+            expected: row_len,
+            found: out.len(),
+        });
+    }
+    let rb = row_bytes(ty, row_len)?;
+    let n_rows = if rb == 0 { 0 } else { table.len() / rb };
+    if row >= n_rows {
+        return Err(RefError::RowOutOfRange { row, rows: n_rows });
+    }
+    gguf::quant::dequantize(ty, &table[row * rb..(row + 1) * rb], out)?;
+    Ok(())
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * weight` (element-wise product with `weight`).
+///
+/// `x`, `weight` and `out` have the same length. The mean of squares is summed in f64.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), weight.len(), "rmsnorm: weight length");
+    assert_eq!(x.len(), out.len(), "rmsnorm: out length");
+    if x.is_empty() {
+        return;
+    }
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// `out[r] = Σ_c W[r][c]·x[c]` for an f32 matrix `w` (`rows × cols`, row-major).
+///
+/// The CPU twin of every matvec variant once the weights are dequantised; [`matvec`] is
+/// this over rows dequantised one at a time.
+pub fn matvec_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+    assert_eq!(w.len(), rows * cols, "matvec_f32: weight length");
+    assert_eq!(x.len(), cols, "matvec_f32: x length");
+    assert_eq!(out.len(), rows, "matvec_f32: out length");
+    if cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    for (o, wr) in out.iter_mut().zip(w.chunks_exact(cols)) {
+        *o = dot(wr, x);
+    }
+}
+
+fn check_matrix(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x_len: usize,
+    x_expected: usize,
+    out_len: usize,
+    out_expected: usize,
+) -> Result<usize, RefError> {
+    let rb = row_bytes(ty, cols)?;
+    let need = rb * rows;
+    if w.len() < need {
+        return Err(RefError::ShortData {
+            what: format!("{rows}x{cols} {ty:?} matrix"),
+            need,
+            have: w.len(),
+        });
+    }
+    if x_len != x_expected {
+        return Err(RefError::Length {
+            what: "matvec/matmul x",
+            expected: x_expected,
+            found: x_len,
+        });
+    }
+    if out_len != out_expected {
+        return Err(RefError::Length {
+            what: "matvec/matmul out",
+            expected: out_expected,
+            found: out_len,
+        });
+    }
+    Ok(rb)
+}
+
+/// `out[r] = Σ_c W[r][c]·x[c]` with `W` stored as GGUF stores a 2-D weight: `rows` rows of
+/// `cols` elements of type `ty`, row `r` at bytes `[r·row_bytes .. (r+1)·row_bytes]`.
+///
+/// Each row is dequantised to f32 and dotted with `x` by [`dot`]. `x` has `cols`
+/// elements, `out` has `rows`.
+pub fn matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), RefError> {
+    let rb = check_matrix(ty, w, rows, cols, x.len(), cols, out.len(), rows)?;
+    let mut row = vec![0.0f32; cols];
+    for (r, o) in out.iter_mut().enumerate() {
+        gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
+        *o = dot(&row, x);
+    }
+    Ok(())
+}
+
+/// Batched [`matvec`]: `x` holds `n_tok` rows of `cols` activations (token-major), and
+/// `out[t·rows + r] = Σ_c W[r][c]·x[t·cols + c]` (`n_tok × rows`, token-major).
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+) -> Result<(), RefError> {
+    let rb = check_matrix(
+        ty,
+        w,
+        rows,
+        cols,
+        x.len(),
+        n_tok * cols,
+        out.len(),
+        n_tok * rows,
+    )?;
+    let mut row = vec![0.0f32; cols];
+    for r in 0..rows {
+        gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
+        for t in 0..n_tok {
+            out[t * rows + r] = dot(&row, &x[t * cols..(t + 1) * cols]);
+        }
+    }
+    Ok(())
+}
+
+/// Which elements of a head RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// llama ("normal"): pairs `(x[2i], x[2i+1])`. GGUF's llama Q/K weights are stored
+    /// permuted so that adjacent pairs are the rotated ones.
+    Normal,
+    /// GPT-NeoX style (qwen2): pairs `(x[i], x[i + head_dim/2])`.
+    Neox,
+}
+
+/// Rotary position embedding, in place, for `n_heads` heads of `head_dim` elements
+/// (`x.len() == n_heads·head_dim`, `head_dim` even).
+///
+/// Pair `i` (for `i` in `0..head_dim/2`) of each head is rotated by
+/// `theta_i = pos · base^(-2i/head_dim)`:
+/// `(a, b) -> (a·cos θ − b·sin θ, a·sin θ + b·cos θ)`, where `(a, b)` is
+/// `(x[2i], x[2i+1])` in [`RopeMode::Normal`] and `(x[i], x[i+head_dim/2])` in
+/// [`RopeMode::Neox`]. The angle, its cosine and sine are computed in f64.
+pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, base: f32, mode: RopeMode) {
+    assert_eq!(x.len(), n_heads * head_dim, "rope: x length");
+    assert!(head_dim % 2 == 0, "rope: head_dim must be even");
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim.max(1)) {
+        for i in 0..half {
+            let freq = f64::from(base).powf(-2.0 * i as f64 / head_dim as f64);
+            let theta = pos as f64 * freq;
+            let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
+            let (ia, ib) = match mode {
+                RopeMode::Normal => (2 * i, 2 * i + 1),
+                RopeMode::Neox => (i, i + half),
+            };
+            let (a, b) = (head[ia], head[ib]);
+            head[ia] = a * cos - b * sin;
+            head[ib] = a * sin + b * cos;
+        }
+    }
+}
+
+/// Decode attention of one query over a KV cache, with grouped-query heads.
+///
+/// - `q`: `n_heads·head_dim` (head-major);
+/// - `k_cache`, `v_cache`: at least `n_pos` rows of `n_kv_heads·head_dim`, position-major
+///   (row `t` is the key/value written at position `t`);
+/// - query head `h` reads kv head `h / (n_heads / n_kv_heads)`;
+/// - for each head: `s_t = (q_h · k_t) / sqrt(head_dim)` for `t` in `0..n_pos`,
+///   `p = softmax(s)`, `out_h = Σ_t p_t · v_t`;
+/// - `out`: `n_heads·head_dim`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    n_pos: usize,
+    out: &mut [f32],
+) {
+    let kv_dim = n_kv_heads * head_dim;
+    assert!(
+        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        "attention: n_heads must be a multiple of n_kv_heads"
+    );
+    assert_eq!(q.len(), n_heads * head_dim, "attention: q length");
+    assert_eq!(out.len(), n_heads * head_dim, "attention: out length");
+    assert!(
+        k_cache.len() >= n_pos * kv_dim,
+        "attention: k_cache too short"
+    );
+    assert!(
+        v_cache.len() >= n_pos * kv_dim,
+        "attention: v_cache too short"
+    );
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut scores = vec![0.0f32; n_pos];
+    for h in 0..n_heads {
+        let kvh = h / group;
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        for (t, s) in scores.iter_mut().enumerate() {
+            let kt = &k_cache[t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim];
+            *s = dot(qh, kt) * scale;
+        }
+        softmax(&mut scores);
+        let oh = &mut out[h * head_dim..(h + 1) * head_dim];
+        oh.fill(0.0);
+        for (t, &p) in scores.iter().enumerate() {
+            let vt = &v_cache[t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim];
+            for (o, &v) in oh.iter_mut().zip(vt) {
+                *o += p * v;
+            }
+        }
+    }
+}
+
+/// In-place softmax: `x_i = exp(x_i − max) / Σ_j exp(x_j − max)`. Subtracting the maximum
+/// keeps large inputs finite. An empty slice is left as is.
+pub fn softmax(x: &mut [f32]) {
+    let Some(max) = x.iter().copied().reduce(f32::max) else {
+        return;
+    };
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// `silu(x) = x / (1 + exp(−x))`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// SwiGLU: `out_i = silu(gate_i) · up_i` (all three the same length).
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "swiglu: up length");
+    assert_eq!(gate.len(), out.len(), "swiglu: out length");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// Residual add: `acc_i += b_i` (same length).
+pub fn add(acc: &mut [f32], b: &[f32]) {
+    assert_eq!(acc.len(), b.len(), "add: length mismatch");
+    for (a, &v) in acc.iter_mut().zip(b) {
+        *a += v;
+    }
+}
+
+/// Index of the first maximum of `x` (NaNs never win; 0 for an empty slice).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] || x[best].is_nan() && !v.is_nan() {
+            best = i;
+        }
+    }
+    best
+}
