@@ -1,0 +1,141 @@
+//! `Config::from_gguf` on tiny synthetic files: what it reads, and the errors it gives for
+//! a missing key, an unsupported architecture, a missing tensor and a wrong shape.
+
+mod common;
+
+use common::{as_qwen2, rewrite, tiny};
+use gguf::{Gguf, Value};
+use reference::{Arch, Config, RefError, RopeMode};
+
+fn config_of(bytes: &[u8]) -> Result<Config, RefError> {
+    Config::from_gguf(&Gguf::parse(bytes).unwrap())
+}
+
+fn set(meta: &mut [(String, Value)], key: &str, v: Value) {
+    let slot = meta.iter_mut().find(|(k, _)| k == key).expect("key exists");
+    slot.1 = v;
+}
+
+#[test]
+fn reads_the_synthetic_models_hyper_parameters() {
+    let cfg = config_of(&tiny()).unwrap();
+    assert_eq!(
+        cfg,
+        Config {
+            arch: Arch::Llama,
+            n_layers: 2,
+            dim: 64,
+            hidden_dim: 128,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            vocab_size: 300,
+            context_length: 256,
+            rms_eps: 1e-5,
+            rope_base: 10_000.0,
+            rope_mode: RopeMode::Normal,
+            tied_output: false,
+        }
+    );
+    assert_eq!(cfg.kv_dim(), 32);
+}
+
+#[test]
+fn missing_key_is_named() {
+    let bytes = rewrite(&tiny(), |meta, _| {
+        meta.retain(|(k, _)| k != "llama.block_count")
+    });
+    let err = config_of(&bytes).unwrap_err();
+    assert!(
+        matches!(err, RefError::MissingKey(ref k) if k == "llama.block_count"),
+        "{err}"
+    );
+    assert_eq!(err.to_string(), "missing metadata key 'llama.block_count'");
+}
+
+#[test]
+fn wrongly_typed_key_is_named() {
+    let bytes = rewrite(&tiny(), |meta, _| {
+        set(meta, "llama.embedding_length", Value::String("64".into()))
+    });
+    let err = config_of(&bytes).unwrap_err().to_string();
+    assert!(
+        err.contains("llama.embedding_length") && err.contains("integer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let bytes = rewrite(&tiny(), |meta, _| {
+        set(meta, "general.architecture", Value::String("mamba".into()))
+    });
+    let err = config_of(&bytes).unwrap_err();
+    assert!(
+        matches!(err, RefError::UnsupportedArch(ref a) if a == "mamba"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("'mamba'"), "{err}");
+}
+
+#[test]
+fn wrong_tensor_shape_names_tensor_expected_and_found() {
+    let bytes = rewrite(&tiny(), |_, tensors| {
+        let t = tensors
+            .iter_mut()
+            .find(|t| t.name == "blk.1.ffn_up.weight")
+            .unwrap();
+        t.shape = vec![64, 96];
+        t.data = gguf::quant::quantize_q8_0(&vec![0.5; 64 * 96]).unwrap();
+    });
+    let err = config_of(&bytes).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, RefError::TensorShape { ref name, ref found, .. } if name == "blk.1.ffn_up.weight" && found == &[64, 96]),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("[64, 96]") && msg.contains("[64, 128]"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn metadata_disagreeing_with_shapes_is_caught() {
+    // Without head_count_kv the model would have 4 kv heads: attn_k must then be 64 rows.
+    let bytes = rewrite(&tiny(), |meta, _| {
+        meta.retain(|(k, _)| k != "llama.attention.head_count_kv")
+    });
+    let msg = config_of(&bytes).unwrap_err().to_string();
+    assert!(
+        msg.contains("blk.0.attn_k.weight") && msg.contains("[64, 32]") && msg.contains("[64, 64]"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let bytes = rewrite(&tiny(), |_, tensors| {
+        tensors.retain(|t| t.name != "blk.0.ffn_norm.weight")
+    });
+    let err = config_of(&bytes).unwrap_err();
+    assert_eq!(err.to_string(), "missing tensor 'blk.0.ffn_norm.weight'");
+}
+
+#[test]
+fn tied_output_when_output_weight_is_absent() {
+    let bytes = rewrite(&tiny(), |_, tensors| {
+        tensors.retain(|t| t.name != "output.weight")
+    });
+    assert!(config_of(&bytes).unwrap().tied_output);
+}
+
+#[test]
+fn qwen2_needs_biases_and_uses_neox_rope() {
+    let err = config_of(&as_qwen2(&tiny(), None)).unwrap_err();
+    assert_eq!(err.to_string(), "missing tensor 'blk.0.attn_q.bias'");
+    let cfg = config_of(&as_qwen2(&tiny(), Some(0.0))).unwrap();
+    assert_eq!(cfg.arch, Arch::Qwen2);
+    assert_eq!(cfg.rope_mode, RopeMode::Neox);
+    assert_eq!((cfg.n_layers, cfg.dim, cfg.kv_dim()), (2, 64, 32));
+}
