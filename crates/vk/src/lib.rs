@@ -1,1 +1,33 @@
-//! vk
+//! vk: the Vulkan compute runtime of vkdecode, on `ash`.
+//!
+//! Every Vulkan handle belongs to exactly one Rust type that destroys it in `Drop`;
+//! children hold an `Arc<Context>` so the device outlives them. This crate knows
+//! nothing of GGUF or Llama. `unsafe` lives here (Vulkan calls), each block with a
+//! `// SAFETY:` comment.
+//!
+//! - [`Context`]: instance, optional validation messenger, physical device, device, one
+//!   compute queue and the `gpu-allocator` allocator.
+//! - [`Capabilities`]: what the driver reports, never assumed.
+//! - [`Buffer`] (allocator-backed) and [`ImportedBuffer`] (`VK_EXT_external_memory_host`).
+//! - [`Pipeline`], [`DescriptorSet`], [`CommandBuffer`], [`QueryPool`].
+//! - [`Kernel`]: every `shaders/*.comp` compiled by `build.rs` with glslc.
+
+mod buffer;
+mod caps;
+pub mod checksum;
+mod command;
+mod context;
+mod error;
+mod import;
+mod kernels;
+mod pipeline;
+
+pub use ash;
+pub use buffer::{Buffer, BufferBinding, BufferDesc, MemLocation};
+pub use caps::{Capabilities, DeviceType, MemoryHeapInfo, MemoryTypeInfo};
+pub use command::{CommandBuffer, QueryPool};
+pub use context::{enumerate_devices, Context, ContextOptions};
+pub use error::VkError;
+pub use import::ImportedBuffer;
+pub use kernels::Kernel;
+pub use pipeline::{DescriptorSet, Pipeline, PipelineDesc};

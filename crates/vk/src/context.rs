@@ -1,0 +1,456 @@
+//! Instance, validation messenger, device selection, the logical device and its queue.
+
+use std::ffi::{c_void, CStr};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ash::vk;
+use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
+
+use crate::caps::{self, Capabilities};
+use crate::command::CommandBuffer;
+use crate::error::{VkError, VkResultExt};
+
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+/// How long a fence wait may take before the GPU is declared hung.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How to create a [`Context`].
+#[derive(Clone, Debug)]
+pub struct ContextOptions {
+    /// Use this device (index in enumeration order) instead of the automatic choice.
+    pub device_index: Option<usize>,
+    /// Enable `VK_LAYER_KHRONOS_validation` and count its messages.
+    pub validate: bool,
+}
+
+impl Default for ContextOptions {
+    /// No device override; validation on when `VKDECODE_VALIDATE=1`.
+    fn default() -> Self {
+        ContextOptions {
+            device_index: None,
+            validate: std::env::var("VKDECODE_VALIDATE").is_ok_and(|v| v == "1"),
+        }
+    }
+}
+
+/// Loader + instance (+ optional messenger); destroyed in reverse order in `Drop`.
+struct InstanceOwner {
+    // Field order: `entry` must outlive the instance; it is dropped last.
+    instance: ash::Instance,
+    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+    /// Counter the messenger callback writes through; boxed so its address is stable.
+    messages: Box<AtomicU64>,
+    /// API version the instance was created with (caps the effective device version).
+    api: u32,
+    entry: ash::Entry,
+}
+
+impl Drop for InstanceOwner {
+    fn drop(&mut self) {
+        // SAFETY: every child object (device, messenger) is destroyed before the
+        // instance; the Context's Drop destroyed the device already.
+        unsafe {
+            if let Some((du, m)) = self.debug.take() {
+                du.destroy_debug_utils_messenger(m, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+        let _ = &self.entry;
+    }
+}
+
+unsafe extern "system" fn on_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    kind: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    // SAFETY: `user` is the address of the boxed counter in `InstanceOwner`, which
+    // outlives the messenger; `data` is valid for the duration of the callback.
+    let counter = unsafe { &*(user as *const AtomicU64) };
+    counter.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: as above; `p_message` is a NUL-terminated string when non-null.
+    let msg = unsafe {
+        data.as_ref()
+            .and_then(|d| (!d.p_message.is_null()).then(|| CStr::from_ptr(d.p_message)))
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        tracing::error!(target: "vk::validation", ?kind, "{msg}");
+    } else {
+        tracing::warn!(target: "vk::validation", ?kind, "{msg}");
+    }
+    vk::FALSE
+}
+
+fn create_instance(validate: bool) -> Result<InstanceOwner, VkError> {
+    // SAFETY: loading libvulkan runs its initialisers; we trust the system loader.
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| VkError::Loading(e.to_string()))?;
+    let messages = Box::new(AtomicU64::new(0));
+    let mut layers = Vec::new();
+    let mut exts = Vec::new();
+    if validate {
+        // SAFETY: plain query on a loaded entry.
+        let avail = unsafe { entry.enumerate_instance_layer_properties() }
+            .call("vkEnumerateInstanceLayerProperties")?;
+        let found = avail
+            .iter()
+            .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == VALIDATION_LAYER));
+        if !found {
+            return Err(VkError::NoValidationLayer);
+        }
+        layers.push(VALIDATION_LAYER.as_ptr());
+        exts.push(ash::ext::debug_utils::NAME.as_ptr());
+    }
+    // SAFETY: plain query on a loaded entry.
+    let loader = unsafe { entry.try_enumerate_instance_version() }
+        .call("vkEnumerateInstanceVersion")?
+        .unwrap_or(vk::API_VERSION_1_0);
+    let api = loader.min(vk::API_VERSION_1_3);
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"vkdecode")
+        .engine_name(c"vkdecode")
+        .api_version(api.max(vk::API_VERSION_1_2));
+    let mut messenger_info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::WARNING
+                | vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(on_message))
+        .user_data(&*messages as *const AtomicU64 as *mut c_void);
+    let mut info = vk::InstanceCreateInfo::default()
+        .application_info(&app)
+        .enabled_layer_names(&layers)
+        .enabled_extension_names(&exts);
+    if validate {
+        // Also catches messages from vkCreateInstance/vkDestroyInstance.
+        info = info.push_next(&mut messenger_info);
+    }
+    // SAFETY: `info` and everything it points to live until the call returns.
+    let instance = unsafe { entry.create_instance(&info, None) }.call("vkCreateInstance")?;
+    let mut owner = InstanceOwner {
+        instance,
+        debug: None,
+        messages,
+        api,
+        entry,
+    };
+    if validate {
+        let du = ash::ext::debug_utils::Instance::new(&owner.entry, &owner.instance);
+        // SAFETY: the instance was created with VK_EXT_debug_utils; the user-data
+        // pointer targets the boxed counter owned by `owner`, which outlives the messenger.
+        let m = unsafe { du.create_debug_utils_messenger(&messenger_info, None) }
+            .call("vkCreateDebugUtilsMessengerEXT")?;
+        owner.debug = Some((du, m));
+    }
+    Ok(owner)
+}
+
+/// Every physical device with its capabilities record (for `vkdecode info`).
+pub fn enumerate_devices() -> Result<Vec<Capabilities>, VkError> {
+    let inst = create_instance(false)?;
+    // SAFETY: live instance.
+    let pds =
+        unsafe { inst.instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices")?;
+    pds.iter()
+        .enumerate()
+        .map(|(i, &pd)| caps::read(&inst.instance, inst.api, pd, i))
+        .collect()
+}
+
+/// Picks a device: the override, else integrated, discrete, CPU, anything (suitable only).
+fn choose(all: &[Capabilities], index: Option<usize>) -> Result<usize, VkError> {
+    if let Some(i) = index {
+        let c = all.get(i).ok_or(VkError::DeviceIndex {
+            index: i,
+            count: all.len(),
+        })?;
+        if let Some(why) = &c.unsuitable {
+            return Err(VkError::Unsuitable {
+                device: c.name.clone(),
+                why: why.clone(),
+            });
+        }
+        return Ok(i);
+    }
+    all.iter()
+        .filter(|c| c.unsuitable.is_none())
+        .min_by_key(|c| (c.device_type.rank(), c.index))
+        .map(|c| c.index)
+        .ok_or(VkError::NoDevice)
+}
+
+/// Queue + fence guarded together: submissions must be externally synchronised.
+struct QueueState {
+    queue: vk::Queue,
+    fence: vk::Fence,
+}
+
+/// The Vulkan context every other object hangs off (through an `Arc`).
+pub struct Context {
+    // Drop order is explicit in `Drop`: wait idle, allocator, fence, device, instance.
+    allocator: ManuallyDrop<Mutex<Allocator>>,
+    queue: Mutex<QueueState>,
+    device: ash::Device,
+    host_memory: Option<ash::ext::external_memory_host::Device>,
+    physical_device: vk::PhysicalDevice,
+    queue_family: u32,
+    caps: Capabilities,
+    host_waits: AtomicU64,
+    device_bytes: AtomicU64,
+    imported_bytes: AtomicU64,
+    instance: ManuallyDrop<InstanceOwner>,
+}
+
+impl Context {
+    /// Creates instance, device, queue and allocator on the chosen device.
+    pub fn new(opts: &ContextOptions) -> Result<Arc<Context>, VkError> {
+        let inst = create_instance(opts.validate)?;
+        // From here on, an early return drops `inst` (destroying the instance).
+        // SAFETY: live instance.
+        let pds = unsafe { inst.instance.enumerate_physical_devices() }
+            .call("vkEnumeratePhysicalDevices")?;
+        let all: Vec<Capabilities> = pds
+            .iter()
+            .enumerate()
+            .map(|(i, &pd)| caps::read(&inst.instance, inst.api, pd, i))
+            .collect::<Result<_, _>>()?;
+        let chosen = choose(&all, opts.device_index)?;
+        let caps = all[chosen].clone();
+        let pd = pds[chosen];
+        let queue_family = caps
+            .compute_queue_family
+            .ok_or_else(|| VkError::Unsuitable {
+                device: caps.name.clone(),
+                why: "no compute queue".into(),
+            })?;
+
+        let v13 = caps.api_version >= (1, 3, 0) && inst.api >= vk::API_VERSION_1_3;
+        let mut ext_names = Vec::new();
+        if caps.external_memory_host {
+            ext_names.push(ash::ext::external_memory_host::NAME.as_ptr());
+        }
+        // Enable exactly the optional features the device has.
+        let core = vk::PhysicalDeviceFeatures::default()
+            .shader_int16(caps.shader_int16)
+            .shader_int64(caps.shader_int64);
+        let mut f11 = vk::PhysicalDeviceVulkan11Features::default()
+            .storage_buffer16_bit_access(caps.storage_buffer_16bit);
+        let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
+            .storage_buffer8_bit_access(caps.storage_buffer_8bit)
+            .shader_int8(caps.shader_int8)
+            .shader_float16(caps.shader_float16);
+        let mut f13 = vk::PhysicalDeviceVulkan13Features::default()
+            .shader_integer_dot_product(caps.integer_dot_product);
+        let prio = [1.0f32];
+        let qinfo = [vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(queue_family)
+            .queue_priorities(&prio)];
+        let mut dinfo = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&qinfo)
+            .enabled_extension_names(&ext_names)
+            .enabled_features(&core)
+            .push_next(&mut f11)
+            .push_next(&mut f12);
+        if v13 {
+            dinfo = dinfo.push_next(&mut f13);
+        }
+        // SAFETY: `pd` belongs to the instance; only supported features/extensions are enabled.
+        let device =
+            unsafe { inst.instance.create_device(pd, &dinfo, None) }.call("vkCreateDevice")?;
+        // SAFETY: queue family/index 0 was requested above.
+        let queue = unsafe { device.get_device_queue(queue_family, 0) };
+        // SAFETY: live device.
+        let fence = match unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) } {
+            Ok(f) => f,
+            Err(e) => {
+                // SAFETY: nothing else was created on the device.
+                unsafe { device.destroy_device(None) };
+                return Err(VkError::Call {
+                    call: "vkCreateFence",
+                    result: e,
+                });
+            }
+        };
+        let allocator = Allocator::new(&AllocatorCreateDesc {
+            instance: inst.instance.clone(),
+            device: device.clone(),
+            physical_device: pd,
+            debug_settings: Default::default(),
+            buffer_device_address: false,
+            allocation_sizes: Default::default(),
+        });
+        let allocator = match allocator {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: only the fence was created on the device.
+                unsafe {
+                    device.destroy_fence(fence, None);
+                    device.destroy_device(None);
+                }
+                return Err(VkError::Alloc {
+                    name: "allocator".into(),
+                    size: 0,
+                    source: e,
+                });
+            }
+        };
+        let host_memory = caps
+            .external_memory_host
+            .then(|| ash::ext::external_memory_host::Device::new(&inst.instance, &device));
+        tracing::info!(
+            device = %caps.name,
+            kind = caps.device_type.as_str(),
+            validate = opts.validate,
+            "vulkan device"
+        );
+        Ok(Arc::new(Context {
+            allocator: ManuallyDrop::new(Mutex::new(allocator)),
+            queue: Mutex::new(QueueState { queue, fence }),
+            device,
+            host_memory,
+            physical_device: pd,
+            queue_family,
+            caps,
+            host_waits: AtomicU64::new(0),
+            device_bytes: AtomicU64::new(0),
+            imported_bytes: AtomicU64::new(0),
+            instance: ManuallyDrop::new(inst),
+        }))
+    }
+
+    /// The chosen device's capabilities.
+    pub fn caps(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// Validation messages (warnings + errors) seen so far; 0 without validation.
+    pub fn validation_errors(&self) -> u64 {
+        self.instance.messages.load(Ordering::Relaxed)
+    }
+
+    /// Whether the validation layer is on.
+    pub fn validating(&self) -> bool {
+        self.instance.debug.is_some()
+    }
+
+    /// Fence waits done by [`Context::submit_and_wait`] so far.
+    pub fn host_waits(&self) -> u64 {
+        self.host_waits.load(Ordering::Relaxed)
+    }
+
+    /// Bytes currently held in allocator-backed [`crate::Buffer`]s.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes currently imported through [`crate::ImportedBuffer`]s.
+    pub fn imported_bytes(&self) -> u64 {
+        self.imported_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Submits one recorded command buffer and waits for its fence (one host wait).
+    pub fn submit_and_wait(&self, cmd: &CommandBuffer) -> Result<(), VkError> {
+        cmd.check_submittable()?;
+        let bufs = [cmd.raw()];
+        let submit = [vk::SubmitInfo::default().command_buffers(&bufs)];
+        let q = self
+            .queue
+            .lock()
+            .map_err(|_| VkError::Recording("queue mutex poisoned".into()))?;
+        // SAFETY: the queue and fence are externally synchronised by the mutex; the
+        // command buffer is in the executable state (checked above) and owned by `cmd`,
+        // which the caller keeps alive across this call; the fence is unsignalled.
+        unsafe {
+            self.device
+                .queue_submit(q.queue, &submit, q.fence)
+                .call("vkQueueSubmit")?;
+            let waited =
+                self.device
+                    .wait_for_fences(&[q.fence], true, FENCE_TIMEOUT.as_nanos() as u64);
+            self.host_waits.fetch_add(1, Ordering::Relaxed);
+            match waited {
+                Ok(()) => {}
+                Err(vk::Result::TIMEOUT) => return Err(VkError::Timeout(FENCE_TIMEOUT.as_secs())),
+                Err(e) => {
+                    return Err(VkError::Call {
+                        call: "vkWaitForFences",
+                        result: e,
+                    })
+                }
+            }
+            self.device.reset_fences(&[q.fence]).call("vkResetFences")?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn device(&self) -> &ash::Device {
+        &self.device
+    }
+
+    pub(crate) fn queue_family(&self) -> u32 {
+        self.queue_family
+    }
+
+    pub(crate) fn host_memory(&self) -> Option<&ash::ext::external_memory_host::Device> {
+        self.host_memory.as_ref()
+    }
+
+    pub(crate) fn allocator(&self) -> &Mutex<Allocator> {
+        &self.allocator
+    }
+
+    pub(crate) fn add_device_bytes(&self, n: u64, add: bool) {
+        if add {
+            self.device_bytes.fetch_add(n, Ordering::Relaxed);
+        } else {
+            self.device_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn add_imported_bytes(&self, n: u64, add: bool) {
+        if add {
+            self.imported_bytes.fetch_add(n, Ordering::Relaxed);
+        } else {
+            self.imported_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn physical_device(&self) -> vk::PhysicalDevice {
+        self.physical_device
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: children hold an `Arc<Context>`, so none is alive now. Wait for the
+        // GPU, free the allocator's memory blocks, then the fence, device and instance.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            ManuallyDrop::drop(&mut self.allocator);
+            if let Ok(q) = self.queue.get_mut() {
+                self.device.destroy_fence(q.fence, None);
+            }
+            self.device.destroy_device(None);
+            ManuallyDrop::drop(&mut self.instance);
+        }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.caps.name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,333 @@
+//! Compute pipelines: shader module, set layout of storage buffers, push range, spec
+//! constants, and a growable descriptor pool for the sets bound at load.
+
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+
+use crate::buffer::BufferBinding;
+use crate::error::{VkError, VkResultExt};
+use crate::{Context, Kernel};
+
+/// Sets per descriptor pool; a new pool is added when one runs out.
+const SETS_PER_POOL: u32 = 64;
+
+/// Describes a compute pipeline.
+#[derive(Clone, Debug)]
+pub struct PipelineDesc {
+    /// The kernel (SPIR-V).
+    pub kernel: Kernel,
+    /// Storage-buffer bindings 0..n in set 0.
+    pub n_bindings: u32,
+    /// Push-constant bytes (multiple of 4, at most `maxPushConstantsSize`; 0 = none).
+    pub push_size: u32,
+    /// Specialization constants with ids 0, 1, ... (u32 each).
+    pub spec: Vec<u32>,
+}
+
+/// The set layout and descriptor pools; shared by the pipeline and its sets so a set
+/// never outlives the pool it came from.
+struct SetAllocator {
+    layout: vk::DescriptorSetLayout,
+    n_bindings: u32,
+    pools: Mutex<(
+        Vec<vk::DescriptorPool>,
+        u32, /* sets left in the last pool */
+    )>,
+    ctx: Arc<Context>,
+}
+
+impl Drop for SetAllocator {
+    fn drop(&mut self) {
+        let dev = self.ctx.device();
+        // SAFETY: no set from these pools is in use (every DescriptorSet holds an Arc of
+        // this value, and GPU work using them has been waited for by contract).
+        unsafe {
+            if let Ok(p) = self.pools.get_mut() {
+                for &pool in &p.0 {
+                    dev.destroy_descriptor_pool(pool, None);
+                }
+            }
+            dev.destroy_descriptor_set_layout(self.layout, None);
+        }
+    }
+}
+
+/// A descriptor set (storage buffers) written once; keeps its pool alive.
+pub struct DescriptorSet {
+    set: vk::DescriptorSet,
+    _owner: Arc<SetAllocator>,
+}
+
+impl DescriptorSet {
+    /// The raw handle.
+    pub fn raw(&self) -> vk::DescriptorSet {
+        self.set
+    }
+}
+
+/// A compute pipeline and everything it owns.
+pub struct Pipeline {
+    pipeline: vk::Pipeline,
+    layout: vk::PipelineLayout,
+    module: vk::ShaderModule,
+    sets: Arc<SetAllocator>,
+    kernel: Kernel,
+    push_size: u32,
+    ctx: Arc<Context>,
+}
+
+impl Pipeline {
+    /// Builds the pipeline (the driver may compile it lazily on first dispatch).
+    pub fn new(ctx: &Arc<Context>, desc: &PipelineDesc) -> Result<Pipeline, VkError> {
+        let kernel = desc.kernel.name();
+        let bad = |why: String| VkError::Pipeline { kernel, why };
+        if !desc.push_size.is_multiple_of(4) || desc.push_size > ctx.caps().max_push_constants_size
+        {
+            return Err(bad(format!(
+                "push_size {} must be a multiple of 4 and at most {}",
+                desc.push_size,
+                ctx.caps().max_push_constants_size
+            )));
+        }
+        let dev = ctx.device();
+        let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.n_bindings)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: valid create info on a live device.
+        let set_layout = unsafe { dev.create_descriptor_set_layout(&set_info, None) }
+            .call("vkCreateDescriptorSetLayout")?;
+        let sets = Arc::new(SetAllocator {
+            layout: set_layout,
+            n_bindings: desc.n_bindings,
+            pools: Mutex::new((Vec::new(), 0)),
+            ctx: Arc::clone(ctx),
+        });
+        // From here `sets` owns the set layout; build the rest, cleaning up on error.
+        let set_layouts = [set_layout];
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(desc.push_size)];
+        let mut pl_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);
+        if desc.push_size > 0 {
+            pl_info = pl_info.push_constant_ranges(&ranges);
+        }
+        // SAFETY: valid create info referencing a live set layout.
+        let layout =
+            unsafe { dev.create_pipeline_layout(&pl_info, None) }.call("vkCreatePipelineLayout")?;
+        let code = desc.kernel.spirv();
+        let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
+        // SAFETY: `code` is SPIR-V produced by glslc at build time.
+        let module = match unsafe { dev.create_shader_module(&mod_info, None) } {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: unused layout.
+                unsafe { dev.destroy_pipeline_layout(layout, None) };
+                return Err(VkError::Call {
+                    call: "vkCreateShaderModule",
+                    result: e,
+                });
+            }
+        };
+        let entries: Vec<vk::SpecializationMapEntry> = (0..desc.spec.len() as u32)
+            .map(|i| vk::SpecializationMapEntry {
+                constant_id: i,
+                offset: i * 4,
+                size: 4,
+            })
+            .collect();
+        let spec_data: &[u8] = bytemuck::cast_slice(&desc.spec);
+        let spec_info = vk::SpecializationInfo::default()
+            .map_entries(&entries)
+            .data(spec_data);
+        let mut stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        if !desc.spec.is_empty() {
+            stage = stage.specialization_info(&spec_info);
+        }
+        let cinfo = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout)];
+        // SAFETY: module and layout are live; arrays outlive the call.
+        let created =
+            unsafe { dev.create_compute_pipelines(vk::PipelineCache::null(), &cinfo, None) };
+        let pipeline = match created {
+            Ok(p) => p[0],
+            Err((p, e)) => {
+                // SAFETY: none of these is in use.
+                unsafe {
+                    for x in p {
+                        if x != vk::Pipeline::null() {
+                            dev.destroy_pipeline(x, None);
+                        }
+                    }
+                    dev.destroy_shader_module(module, None);
+                    dev.destroy_pipeline_layout(layout, None);
+                }
+                return Err(VkError::Call {
+                    call: "vkCreateComputePipelines",
+                    result: e,
+                });
+            }
+        };
+        Ok(Pipeline {
+            pipeline,
+            layout,
+            module,
+            sets,
+            kernel: desc.kernel,
+            push_size: desc.push_size,
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// Allocates a set and writes `bindings` to bindings 0..n (all of them, in order).
+    pub fn descriptor_set(&self, bindings: &[BufferBinding]) -> Result<DescriptorSet, VkError> {
+        let kernel = self.kernel.name();
+        let caps = self.ctx.caps();
+        if bindings.len() as u32 != self.sets.n_bindings {
+            return Err(VkError::Pipeline {
+                kernel,
+                why: format!(
+                    "{} bindings given, the layout has {}",
+                    bindings.len(),
+                    self.sets.n_bindings
+                ),
+            });
+        }
+        for (i, b) in bindings.iter().enumerate() {
+            if b.offset % caps.min_storage_buffer_offset_alignment.max(1) != 0 {
+                return Err(VkError::Pipeline {
+                    kernel,
+                    why: format!(
+                        "binding {i}: offset {} is not a multiple of minStorageBufferOffsetAlignment {}",
+                        b.offset, caps.min_storage_buffer_offset_alignment
+                    ),
+                });
+            }
+            if b.range == 0 || b.range > caps.max_storage_buffer_range {
+                return Err(VkError::Pipeline {
+                    kernel,
+                    why: format!(
+                        "binding {i}: range {} is 0 or above maxStorageBufferRange {}",
+                        b.range, caps.max_storage_buffer_range
+                    ),
+                });
+            }
+        }
+        let dev = self.ctx.device();
+        let set = {
+            let mut pools = self
+                .sets
+                .pools
+                .lock()
+                .map_err(|_| VkError::Recording("descriptor pool mutex poisoned".into()))?;
+            if pools.1 == 0 {
+                let sizes = [vk::DescriptorPoolSize {
+                    ty: vk::DescriptorType::STORAGE_BUFFER,
+                    descriptor_count: SETS_PER_POOL * self.sets.n_bindings.max(1),
+                }];
+                let info = vk::DescriptorPoolCreateInfo::default()
+                    .max_sets(SETS_PER_POOL)
+                    .pool_sizes(&sizes);
+                // SAFETY: valid create info on a live device.
+                let pool = unsafe { dev.create_descriptor_pool(&info, None) }
+                    .call("vkCreateDescriptorPool")?;
+                pools.0.push(pool);
+                pools.1 = SETS_PER_POOL;
+            }
+            let pool = *pools.0.last().expect("a pool was just ensured");
+            let layouts = [self.sets.layout];
+            let info = vk::DescriptorSetAllocateInfo::default()
+                .descriptor_pool(pool)
+                .set_layouts(&layouts);
+            // SAFETY: the pool is externally synchronised by the mutex and has room.
+            let set =
+                unsafe { dev.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?[0];
+            pools.1 -= 1;
+            set
+        };
+        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = bindings
+            .iter()
+            .map(|b| {
+                [vk::DescriptorBufferInfo {
+                    buffer: b.buffer,
+                    offset: b.offset,
+                    range: b.range,
+                }]
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(info)
+            })
+            .collect();
+        // SAFETY: the set is freshly allocated and not in use; buffers are live handles.
+        unsafe { dev.update_descriptor_sets(&writes, &[]) };
+        Ok(DescriptorSet {
+            set,
+            _owner: Arc::clone(&self.sets),
+        })
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// Push-constant bytes declared.
+    pub fn push_size(&self) -> u32 {
+        self.push_size
+    }
+
+    pub(crate) fn raw(&self) -> vk::Pipeline {
+        self.pipeline
+    }
+
+    pub(crate) fn layout(&self) -> vk::PipelineLayout {
+        self.layout
+    }
+
+    /// Whether `set` fits this pipeline's layout (same number of storage bindings:
+    /// identically defined set layouts are compatible).
+    pub(crate) fn accepts(&self, set: &DescriptorSet) -> bool {
+        Arc::ptr_eq(&self.sets, &set._owner) || self.sets.n_bindings == set._owner.n_bindings
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        let dev = self.ctx.device();
+        // SAFETY: no GPU work uses the pipeline any more (caller contract); the set
+        // layout and pools are released by `SetAllocator` when its last Arc goes.
+        unsafe {
+            dev.destroy_pipeline(self.pipeline, None);
+            dev.destroy_shader_module(self.module, None);
+            dev.destroy_pipeline_layout(self.layout, None);
+        }
+    }
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("kernel", &self.kernel.name())
+            .finish()
+    }
+}
