@@ -78,7 +78,7 @@ impl Config {
                 return Err(bad(&format!("{p}.{key}"), "must be positive"));
             }
         }
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(bad(
                 &format!("{p}.attention.head_count_kv"),
                 &format!("{n_kv_heads} kv heads do not divide {n_heads} heads"),
@@ -87,7 +87,7 @@ impl Config {
         let head_dim = match meta_usize_opt(g, &format!("{p}.attention.key_length"))? {
             Some(k) => k,
             None => {
-                if dim % n_heads != 0 {
+                if !dim.is_multiple_of(n_heads) {
                     return Err(bad(
                         &format!("{p}.attention.head_count"),
                         &format!("{n_heads} heads do not divide embedding length {dim}"),
@@ -96,7 +96,7 @@ impl Config {
                 dim / n_heads
             }
         };
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(bad(
                 &format!("{p}.attention.key_length"),
                 &format!("head dimension {head_dim} must be even and positive"),

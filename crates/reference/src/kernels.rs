@@ -55,15 +55,9 @@ pub fn embedding_row(
     row: usize,
     out: &mut [f32],
 ) -> Result<(), RefError> {
-    if out.len() != row_len {
-        return Err(RefError::Length {
-            what: "embedding_row out",
-            expected: row_len,
-            found: out.len(),
-        });
-    }
+    check_len("embedding_row out", row_len, out.len())?;
     let rb = row_bytes(ty, row_len)?;
-    let n_rows = if rb == 0 { 0 } else { table.len() / rb };
+    let n_rows = table.len().checked_div(rb).unwrap_or(0);
     if row >= n_rows {
         return Err(RefError::RowOutOfRange { row, rows: n_rows });
     }
@@ -105,40 +99,29 @@ pub fn matvec_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], out: &mut [f32
     }
 }
 
-fn check_matrix(
-    ty: GgmlType,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    x_len: usize,
-    x_expected: usize,
-    out_len: usize,
-    out_expected: usize,
-) -> Result<usize, RefError> {
+/// Checks that `w` holds `rows` rows of `cols` elements of `ty`; returns the row size.
+fn check_matrix(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Result<usize, RefError> {
     let rb = row_bytes(ty, cols)?;
     let need = rb * rows;
     if w.len() < need {
         return Err(RefError::ShortData {
-            what: format!("{rows}x{cols} {ty:?} matrix"),
+            what: format!("{rows}x{cols} {ty} matrix"),
             need,
             have: w.len(),
         });
     }
-    if x_len != x_expected {
-        return Err(RefError::Length {
-            what: "matvec/matmul x",
-            expected: x_expected,
-            found: x_len,
-        });
-    }
-    if out_len != out_expected {
-        return Err(RefError::Length {
-            what: "matvec/matmul out",
-            expected: out_expected,
-            found: out_len,
-        });
-    }
     Ok(rb)
+}
+
+fn check_len(what: &'static str, expected: usize, found: usize) -> Result<(), RefError> {
+    if expected != found {
+        return Err(RefError::Length {
+            what,
+            expected,
+            found,
+        });
+    }
+    Ok(())
 }
 
 /// `out[r] = Σ_c W[r][c]·x[c]` with `W` stored as GGUF stores a 2-D weight: `rows` rows of
@@ -154,7 +137,9 @@ pub fn matvec(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), RefError> {
-    let rb = check_matrix(ty, w, rows, cols, x.len(), cols, out.len(), rows)?;
+    let rb = check_matrix(ty, w, rows, cols)?;
+    check_len("matvec x", cols, x.len())?;
+    check_len("matvec out", rows, out.len())?;
     let mut row = vec![0.0f32; cols];
     for (r, o) in out.iter_mut().enumerate() {
         gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
@@ -174,16 +159,9 @@ pub fn matmul(
     n_tok: usize,
     out: &mut [f32],
 ) -> Result<(), RefError> {
-    let rb = check_matrix(
-        ty,
-        w,
-        rows,
-        cols,
-        x.len(),
-        n_tok * cols,
-        out.len(),
-        n_tok * rows,
-    )?;
+    let rb = check_matrix(ty, w, rows, cols)?;
+    check_len("matmul x", n_tok * cols, x.len())?;
+    check_len("matmul out", n_tok * rows, out.len())?;
     let mut row = vec![0.0f32; cols];
     for r in 0..rows {
         gguf::quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut row)?;
@@ -214,7 +192,7 @@ pub enum RopeMode {
 /// [`RopeMode::Neox`]. The angle, its cosine and sine are computed in f64.
 pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, base: f32, mode: RopeMode) {
     assert_eq!(x.len(), n_heads * head_dim, "rope: x length");
-    assert!(head_dim % 2 == 0, "rope: head_dim must be even");
+    assert!(head_dim.is_multiple_of(2), "rope: head_dim must be even");
     let half = head_dim / 2;
     for head in x.chunks_exact_mut(head_dim.max(1)) {
         for i in 0..half {
@@ -254,7 +232,7 @@ pub fn attention(
 ) {
     let kv_dim = n_kv_heads * head_dim;
     assert!(
-        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
         "attention: n_heads must be a multiple of n_kv_heads"
     );
     assert_eq!(q.len(), n_heads * head_dim, "attention: q length");

@@ -219,6 +219,30 @@ impl State {
     }
 }
 
+/// Whether every buffer of `s` has the size [`State::new`] gives for `cfg`.
+fn state_fits(s: &State, cfg: &Config) -> bool {
+    let (dim, q, kv, h) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.hidden_dim);
+    let sizes = [
+        (s.x.len(), dim),
+        (s.xb.len(), dim),
+        (s.q.len(), q),
+        (s.k.len(), kv),
+        (s.v.len(), kv),
+        (s.att.len(), q),
+        (s.hb.len(), h),
+        (s.hb2.len(), h),
+        (s.hb3.len(), h),
+        (s.logits.len(), cfg.vocab_size),
+        (s.key_cache.len(), cfg.n_layers),
+        (s.value_cache.len(), cfg.n_layers),
+    ];
+    sizes.iter().all(|(a, b)| a == b)
+        && s.key_cache
+            .iter()
+            .chain(&s.value_cache)
+            .all(|c| c.len() == s.ctx_len * kv)
+}
+
 /// One token at position `pos` (the KV cache holds positions `0..pos`). Returns the logits.
 ///
 /// `observe(layer, x)` is called with the residual stream after every layer.
@@ -243,11 +267,10 @@ pub fn forward<'s>(
             ctx_len: s.ctx_len,
         });
     }
-    if s.x.len() != cfg.dim || s.logits.len() != cfg.vocab_size || s.key_cache.len() != cfg.n_layers
-    {
+    let kv_dim = cfg.kv_dim();
+    if !state_fits(s, cfg) {
         return Err(RefError::StateMismatch);
     }
-    let kv_dim = cfg.kv_dim();
 
     s.x.copy_from_slice(model.token_embd.row(token as usize));
 
@@ -343,16 +366,14 @@ pub fn generate_greedy(
         let logits = forward(model, &mut state, tok, pos, &mut |_, _| {})?;
         logits_argmax = argmax(logits) as u32;
     }
-    let mut pos = prompt.len();
-    for i in 0..max_new {
+    for pos in prompt.len()..ctx_len {
         let next = logits_argmax;
         out.push(next);
-        if is_eog(next) || i + 1 == max_new {
+        if is_eog(next) || pos + 1 == ctx_len {
             break;
         }
         let logits = forward(model, &mut state, next, pos, &mut |_, _| {})?;
         logits_argmax = argmax(logits) as u32;
-        pos += 1;
     }
     Ok(out)
 }

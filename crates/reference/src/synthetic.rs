@@ -69,11 +69,11 @@ pub fn tiny_llama(
     ty: GgmlType,
 ) -> Vec<u8> {
     assert!(
-        n_heads > 0 && dim % n_heads == 0 && (dim / n_heads) % 2 == 0,
+        n_heads > 0 && dim.is_multiple_of(n_heads) && (dim / n_heads).is_multiple_of(2),
         "tiny_llama: {n_heads} heads must split dim {dim} into even head dims"
     );
     assert!(
-        n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+        n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
         "tiny_llama: {n_kv_heads} kv heads must divide {n_heads} heads"
     );
     let head_dim = dim / n_heads;
