@@ -1,0 +1,216 @@
+//! The default model's tokenizer against ids from llama.cpp's `llama-tokenize` on the
+//! same file (SmolLM2-135M-Instruct, `tokenizer.ggml.pre = smollm`).
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use proptest::prelude::*;
+use tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
+
+fn model_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn file() -> &'static gguf::GgufFile {
+    static FILE: OnceLock<gguf::GgufFile> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = model_path();
+        assert!(
+            path.exists(),
+            "{} is missing: run models/fetch to download the default model",
+            path.display()
+        );
+        gguf::GgufFile::open(&path).expect("open the default model")
+    })
+}
+
+fn tok() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| Tokenizer::from_gguf(file().gguf()).expect("build the tokenizer"))
+}
+
+/// `llama-tokenize --ids` with its defaults: special tokens added per metadata (no BOS
+/// for this model) and parsed.
+fn ids(text: &str) -> Vec<u32> {
+    tok().encode(text, true, true).unwrap()
+}
+
+#[test]
+fn metadata() {
+    let t = tok();
+    assert_eq!(t.vocab_size(), 49152);
+    assert_eq!(t.n_merges(), 48900);
+    assert_eq!(t.pre_name(), Some("smollm"));
+    assert_eq!(t.bos(), Some(1));
+    assert_eq!(t.eos(), Some(2));
+    assert!(!t.add_bos());
+    assert_eq!(t.piece(1), Some("<|im_start|>"));
+    assert!(t.is_eog(2), "<|im_end|> ends generation");
+    assert!(t.is_eog(0), "<|endoftext|> ends generation");
+    assert!(!t.is_eog(1));
+    assert!(!t.is_eog(504));
+}
+
+#[test]
+fn acceptance_ids() {
+    assert_eq!(ids("The capital of France is"), [504, 3575, 282, 4649, 314]);
+    assert_eq!(ids("def fibonacci(n):"), [1604, 3987, 46477, 24, 94, 727]);
+    assert_eq!(
+        ids("Numbers: 1234567890 and 3.14159, -42"),
+        [
+            39006, 42, 216, 33, 34, 35, 36, 37, 38, 39, 40, 41, 32, 284, 216, 35, 30, 33, 36, 33,
+            37, 41, 28, 731, 36, 34
+        ]
+    );
+    assert_eq!(
+        ids("<|im_start|>user\nHi there<|im_end|>\n"),
+        [1, 4093, 198, 26843, 665, 2, 198]
+    );
+}
+
+#[test]
+fn special_tokens_are_text_unless_parsed() {
+    let t = tok();
+    let plain = t.encode("<|im_start|>user", false, false).unwrap();
+    assert!(!plain.contains(&1), "{plain:?}");
+    assert_eq!(t.decode(&plain), "<|im_start|>user");
+    assert_eq!(
+        t.encode("<|im_start|>user", false, true).unwrap(),
+        [1, 4093]
+    );
+}
+
+#[test]
+fn pieces_and_bytes() {
+    let t = tok();
+    assert_eq!(t.piece(3575), Some("Ġcapital"));
+    assert_eq!(t.token_bytes(3575), b" capital");
+    assert_eq!(t.token_bytes(198), b"\n");
+    assert_eq!(t.token_bytes(2), b"<|im_end|>");
+    assert!(t.token_bytes(1_000_000).is_empty());
+    assert_eq!(
+        t.decode(&[504, 3575, 282, 4649, 314]),
+        "The capital of France is"
+    );
+}
+
+#[test]
+fn stream_decoder_holds_split_characters() {
+    let t = tok();
+    // A character that the vocabulary spells in more than one token.
+    let text = "🦀 rust 日本語 ü";
+    let ids = t.encode(text, false, false).unwrap();
+    let mut d = StreamDecoder::new();
+    let mut streamed = String::new();
+    let mut split_seen = false;
+    for &id in &ids {
+        let piece = d.push(t, id);
+        assert!(!piece.contains('\u{FFFD}'), "broken char emitted for {id}");
+        split_seen |= d.has_pending();
+        streamed += &piece;
+    }
+    streamed += &d.finish();
+    assert!(
+        split_seen,
+        "expected some character to span tokens: {ids:?}"
+    );
+    assert_eq!(streamed, text);
+}
+
+#[test]
+fn encodes_a_2kb_prompt_quickly() {
+    let t = tok();
+    let unit = "The quick brown fox jumps over the lazy dog 1234, naïve café — 東京 🎉\n\tfn main() { println!(\"hi\"); }\n";
+    let text: String = unit.repeat(2048 / unit.len() + 1);
+    let _ = t.encode(&text, false, false).unwrap(); // warm caches
+    let start = Instant::now();
+    let runs = 20;
+    for _ in 0..runs {
+        let ids = t.encode(&text, false, false).unwrap();
+        assert!(ids.len() > 300);
+    }
+    let per = start.elapsed() / runs;
+    eprintln!("encode {} bytes: {per:?}", text.len());
+    assert!(per.as_millis() < 10, "encoding 2 KB took {per:?}");
+}
+
+#[test]
+fn chat_template_of_the_model() {
+    let tmpl = ChatTemplate::from_gguf(file().gguf())
+        .unwrap()
+        .expect("the model has a chat template");
+    let msgs = [
+        Message::new("system", "You are terse."),
+        Message::new("user", "Hi there"),
+    ];
+    assert_eq!(
+        tmpl.render(&msgs, true, "<|im_start|>", "<|im_end|>").unwrap(),
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // Without a system message the template supplies its own.
+    let out = tmpl
+        .render(&[Message::new("user", "Hi")], false, "", "")
+        .unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
+    // The rendered prompt tokenizes with the control tokens whole.
+    let ids = tok().encode(&out, true, true).unwrap();
+    assert_eq!(ids[0], 1);
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 2);
+}
+
+fn text_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<String>(),
+        "[ \t\n\r]{0,12}",
+        "[a-zA-Z0-9 _(){}\\[\\];:.,=+*/<>!?'\"#\t\n-]{0,80}",
+        "[ \\n\u{00e0}-\u{00ff}\u{4e00}-\u{4e40}\u{1f600}-\u{1f640}a-z0-9'.]{0,40}",
+        proptest::collection::vec(
+            prop_oneof![
+                Just("<|im_start|>".to_string()),
+                Just("<|im_end|>".to_string()),
+                Just("  ".to_string()),
+                Just("\n\n".to_string()),
+                Just("'s".to_string()),
+                "[a-z]{1,6}",
+                "[0-9]{1,4}",
+                "\\PC{1,3}",
+            ],
+            0..12
+        )
+        .prop_map(|v| v.concat()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn decode_inverts_encode(s in text_strategy()) {
+        let t = tok();
+        let ids = t.encode(&s, false, false).unwrap();
+        prop_assert_eq!(t.decode(&ids), s.clone());
+        // With special tokens parsed the text comes back too (their pieces are their text).
+        let ids = t.encode(&s, false, true).unwrap();
+        prop_assert_eq!(t.decode(&ids), s);
+    }
+
+    #[test]
+    fn streaming_equals_decode(s in text_strategy()) {
+        let t = tok();
+        let ids = t.encode(&s, false, true).unwrap();
+        let mut d = StreamDecoder::new();
+        let mut out = String::new();
+        for &id in &ids {
+            let piece = d.push(t, id);
+            let broken = piece.contains(char::REPLACEMENT_CHARACTER) && !s.contains(char::REPLACEMENT_CHARACTER);
+            prop_assert!(!broken, "broken character in {:?}", piece);
+            out += &piece;
+        }
+        out += &d.finish();
+        prop_assert_eq!(out, t.decode(&ids));
+    }
+}
