@@ -75,6 +75,12 @@ pub struct Model {
 impl Model {
     /// Reads the configuration ([`Config::from_gguf`]) and dequantises every weight.
     pub fn load(file: &GgufFile) -> Result<Model, RefError> {
+        let _span = tracing::info_span!(
+            "reference_load",
+            path = %file.path().display(),
+            bytes = file.bytes().len()
+        )
+        .entered();
         Model::from_parts(file.gguf(), file.bytes())
     }
 
@@ -253,6 +259,7 @@ pub fn forward<'s>(
     pos: usize,
     observe: &mut dyn FnMut(usize, &[f32]),
 ) -> Result<&'s [f32], RefError> {
+    let _span = tracing::debug_span!("reference_forward", token, pos).entered();
     let cfg = &model.config;
     let s = state;
     if token as usize >= cfg.vocab_size {
