@@ -73,6 +73,17 @@ impl Config {
         let rms_eps = meta_f32(g, &format!("{p}.attention.layer_norm_rms_epsilon"))?;
         let rope_base = meta_f32_opt(g, &format!("{p}.rope.freq_base"))?.unwrap_or(10_000.0);
 
+        // Each layer has at least 9 tensors: a larger count is a corrupt header, caught
+        // here before anything is sized by it.
+        if n_layers > g.tensors.len() / 9 {
+            return Err(bad(
+                &format!("{p}.block_count"),
+                &format!(
+                    "{n_layers} layers, but the file has only {} tensors",
+                    g.tensors.len()
+                ),
+            ));
+        }
         for (key, v) in [("block_count", n_layers), ("embedding_length", dim)] {
             if v == 0 {
                 return Err(bad(&format!("{p}.{key}"), "must be positive"));

@@ -54,6 +54,18 @@ fn missing_key_is_named() {
 }
 
 #[test]
+fn absurd_layer_count_is_rejected_before_use() {
+    let bytes = rewrite(&tiny(), |meta, _| {
+        set(meta, "llama.block_count", Value::U64(1 << 40))
+    });
+    let msg = config_of(&bytes).unwrap_err().to_string();
+    assert!(
+        msg.contains("llama.block_count") && msg.contains("1099511627776 layers"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn wrongly_typed_key_is_named() {
     let bytes = rewrite(&tiny(), |meta, _| {
         set(meta, "llama.embedding_length", Value::String("64".into()))
