@@ -1,0 +1,394 @@
+//! Child processes of the benchmark: each run is `vkdecode` re-executing itself with
+//! `--stats-json`, so load time and memory are what a user would meet. A group is N
+//! such children started at once (`--procs N`) that meet at a file barrier
+//! (`--bench-barrier DIR:N+1`, the parent being the extra member) so that the parent
+//! reads `MemAvailable` while all of them are loaded and alive.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+
+/// A directory removed, with everything in it, when dropped.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Result<TempDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("creating the temp dir {}", path.display()))?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// `MemAvailable` from /proc/meminfo, in KiB.
+pub fn mem_available_kb() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text, "MemAvailable")
+}
+
+fn parse_meminfo(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, rest) = line.split_once(':')?;
+        if k.trim() != key {
+            return None;
+        }
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Why a child did not produce its stats.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// One line: what happened (exit code, signal, timeout, missing stats).
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The bench killed it (time limit or interruption).
+    pub killed_by_bench: bool,
+    /// The last lines of its stderr.
+    pub stderr_tail: String,
+}
+
+/// What one child produced.
+#[derive(Debug, Clone)]
+pub struct ChildResult {
+    pub pid: u32,
+    /// Wall time from spawn to exit, as the parent saw it.
+    pub wall_ms: f64,
+    /// The `--stats-json` object, or why there is none.
+    pub stats: Result<Value, Failure>,
+    /// The last lines of its stderr (kept on success too, for `--profile`).
+    pub stderr_tail: String,
+}
+
+/// A group of `n` children started together.
+pub struct GroupSpec<'a> {
+    pub exe: &'a Path,
+    /// Arguments of every child, without `--stats-json` and `--bench-barrier`.
+    pub args: Vec<OsString>,
+    pub n: usize,
+    /// Meet at a barrier before measuring and read MemAvailable while all are loaded.
+    pub barrier: bool,
+    pub timeout: Duration,
+    /// A directory (empty, private to this group) for stats, stderr and barrier files.
+    pub dir: &'a Path,
+}
+
+/// What a group produced.
+pub struct GroupResult {
+    pub children: Vec<ChildResult>,
+    /// MemAvailable (KiB) just before spawning.
+    pub mem_available_before_kb: Option<u64>,
+    /// MemAvailable (KiB) while every child was loaded and waiting at the barrier.
+    pub mem_available_loaded_kb: Option<u64>,
+    /// Every live child reached the barrier (false when one failed first).
+    pub all_reached_barrier: bool,
+}
+
+struct Running {
+    child: Child,
+    pid: u32,
+    stats_path: PathBuf,
+    stderr_path: PathBuf,
+    started: Instant,
+    exit: Option<(ExitStatus, f64)>,
+    killed_by_bench: bool,
+}
+
+/// Runs one group to completion. Never panics on a misbehaving child: a child that
+/// cannot be spawned, exits non-zero, is killed or writes no stats is reported as a
+/// [`Failure`] with its stderr tail.
+pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResult> {
+    let barrier_dir = spec.dir.join("barrier");
+    if spec.barrier {
+        std::fs::create_dir_all(&barrier_dir)
+            .with_context(|| format!("creating {}", barrier_dir.display()))?;
+    }
+    let mem_available_before_kb = mem_available_kb();
+    let mut running: Vec<Running> = Vec::new();
+    let mut spawn_failures: Vec<ChildResult> = Vec::new();
+    for i in 0..spec.n {
+        let stats_path = spec.dir.join(format!("stats.{i}.json"));
+        let stderr_path = spec.dir.join(format!("stderr.{i}.txt"));
+        let stderr = std::fs::File::create(&stderr_path)
+            .with_context(|| format!("creating {}", stderr_path.display()))?;
+        let mut cmd = Command::new(spec.exe);
+        cmd.args(&spec.args)
+            .arg("--stats-json")
+            .arg(&stats_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        if spec.barrier {
+            let mut b = barrier_dir.clone().into_os_string();
+            b.push(format!(":{}", spec.n + 1));
+            cmd.arg("--bench-barrier").arg(b);
+        }
+        match cmd.spawn() {
+            Ok(child) => running.push(Running {
+                pid: child.id(),
+                child,
+                stats_path,
+                stderr_path,
+                started: Instant::now(),
+                exit: None,
+                killed_by_bench: false,
+            }),
+            Err(e) => spawn_failures.push(ChildResult {
+                pid: 0,
+                wall_ms: 0.0,
+                stats: Err(Failure {
+                    reason: format!("could not start {}: {e}", spec.exe.display()),
+                    exit_code: None,
+                    signal: None,
+                    killed_by_bench: false,
+                    stderr_tail: String::new(),
+                }),
+                stderr_tail: String::new(),
+            }),
+        }
+    }
+
+    // The barrier wants n + 1 members; children that failed to start are stood in for.
+    let mut stand_ins = 0usize;
+    let mut stand_in = |stage: &str| -> Result<()> {
+        stand_ins += 1;
+        let p = barrier_dir.join(format!("{stage}.standin{stand_ins}"));
+        std::fs::write(&p, b"").with_context(|| format!("writing {}", p.display()))
+    };
+    let deadline = Instant::now() + spec.timeout;
+    let mut released = !spec.barrier;
+    let mut all_reached_barrier = spec.barrier;
+    let mut mem_available_loaded_kb = None;
+    let mut measured_stand_ins: BTreeSet<u32> = BTreeSet::new();
+    loop {
+        for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
+            }
+        }
+        if !released {
+            let loaded = pids_at(&barrier_dir, "loaded");
+            let gone_before: Vec<u32> = running
+                .iter()
+                .filter(|r| r.exit.is_some() && !loaded.contains(&r.pid))
+                .map(|r| r.pid)
+                .collect();
+            let present = running.iter().filter(|r| loaded.contains(&r.pid)).count();
+            let stop = interrupted.load(Ordering::SeqCst) || Instant::now() > deadline;
+            if present + gone_before.len() >= running.len() || stop {
+                if present == running.len() && !stop {
+                    mem_available_loaded_kb = mem_available_kb();
+                } else {
+                    all_reached_barrier = false;
+                }
+                // Stand in for every child that will never arrive, then arrive ourselves.
+                for _ in 0..(spawn_failures.len() + gone_before.len()) {
+                    stand_in("loaded")?;
+                    stand_in("measured")?;
+                }
+                measured_stand_ins.extend(gone_before);
+                stand_in("loaded")?;
+                stand_in("measured")?;
+                released = true;
+            }
+        } else if spec.barrier {
+            // A child that dies between the two stages would hold the others: stand in.
+            let measured = pids_at(&barrier_dir, "measured");
+            for r in running.iter().filter(|r| r.exit.is_some()) {
+                if !measured.contains(&r.pid) && measured_stand_ins.insert(r.pid) {
+                    stand_in("measured")?;
+                }
+            }
+        }
+        if running.iter().all(|r| r.exit.is_some()) {
+            break;
+        }
+        if Instant::now() > deadline {
+            for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+                let _ = r.child.kill();
+                r.killed_by_bench = true;
+                if let Ok(status) = r.child.wait() {
+                    r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let mut children: Vec<ChildResult> = running
+        .into_iter()
+        .map(|r| finish(r, spec.timeout))
+        .collect();
+    children.extend(spawn_failures);
+    Ok(GroupResult {
+        children,
+        mem_available_before_kb,
+        mem_available_loaded_kb,
+        all_reached_barrier: all_reached_barrier && spec.barrier,
+    })
+}
+
+/// Pids of the children that wrote `{stage}.{pid}` in the barrier dir.
+fn pids_at(dir: &Path, stage: &str) -> BTreeSet<u32> {
+    let prefix = format!("{stage}.");
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.strip_prefix(&prefix)?.parse().ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn finish(r: Running, timeout: Duration) -> ChildResult {
+    let stderr_tail = tail(&r.stderr_path, 4096);
+    let (status, wall_ms) = match r.exit {
+        Some(e) => e,
+        None => {
+            return ChildResult {
+                pid: r.pid,
+                wall_ms: r.started.elapsed().as_secs_f64() * 1e3,
+                stats: Err(Failure {
+                    reason: "the child could not be waited for".into(),
+                    exit_code: None,
+                    signal: None,
+                    killed_by_bench: r.killed_by_bench,
+                    stderr_tail: stderr_tail.clone(),
+                }),
+                stderr_tail,
+            }
+        }
+    };
+    let failure = |reason: String| Failure {
+        reason,
+        exit_code: status.code(),
+        signal: status.signal(),
+        killed_by_bench: r.killed_by_bench,
+        stderr_tail: stderr_tail.clone(),
+    };
+    let stats = if r.killed_by_bench {
+        Err(failure(format!(
+            "killed by the bench after {:.0} s (--timeout {})",
+            wall_ms / 1e3,
+            timeout.as_secs()
+        )))
+    } else if let Some(sig) = status.signal() {
+        Err(failure(format!(
+            "killed by signal {sig} ({})",
+            signal_name(sig)
+        )))
+    } else if !status.success() {
+        Err(failure(format!(
+            "exited with status {}",
+            status.code().unwrap_or(-1)
+        )))
+    } else {
+        match std::fs::read_to_string(&r.stats_path) {
+            Err(e) => Err(failure(format!("exited 0 but wrote no stats ({e})"))),
+            Ok(text) => match serde_json::from_str::<Value>(&text) {
+                Ok(v) if v.is_object() => Ok(v),
+                Ok(_) => Err(failure("its stats are not a JSON object".into())),
+                Err(e) => Err(failure(format!("its stats are not valid JSON: {e}"))),
+            },
+        }
+    };
+    ChildResult {
+        pid: r.pid,
+        wall_ms,
+        stats,
+        stderr_tail,
+    }
+}
+
+/// The last `max` bytes of a file (from a line start where possible), lossily decoded.
+pub fn tail(path: &Path, max: u64) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    if f.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    match (start > 0, text.find('\n')) {
+        (true, Some(i)) => text[i + 1..].to_string(),
+        _ => text,
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => "SIGKILL: the OOM killer, or killed from outside",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS: the mapped file changed or shrank?",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_parsing() {
+        let text =
+            "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(parse_meminfo(text, "MemAvailable"), Some(20_000_000));
+        assert_eq!(parse_meminfo(text, "MemTotal"), Some(24_576_000));
+        assert_eq!(parse_meminfo(text, "Cached"), None);
+        assert!(
+            mem_available_kb().is_some(),
+            "/proc/meminfo has MemAvailable on Linux"
+        );
+    }
+
+    #[test]
+    fn tail_keeps_the_end_from_a_line_start() {
+        let dir = TempDir::new("vkdecode-bench-test").unwrap();
+        let p = dir.path().join("log");
+        std::fs::write(&p, "first line\nsecond line\nthird\n").unwrap();
+        assert_eq!(tail(&p, 1000), "first line\nsecond line\nthird\n");
+        assert_eq!(tail(&p, 14), "third\n");
+        assert_eq!(tail(&dir.path().join("missing"), 10), "");
+        let kept = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!kept.exists(), "TempDir removes itself");
+    }
+}

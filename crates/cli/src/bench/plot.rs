@@ -1,0 +1,251 @@
+//! `--plot FILE.svg`: the A/B drawn with plotters' SVG backend: decode tok/s per arm
+//! (median bar, min-max whisker), the memory split per arm (medians of RssAnon, RssFile,
+//! Pss and device memory), and with `--procs`, the sum of Pss over N processes against N.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+
+use super::report::Summary;
+use super::Bench;
+
+const ARM_COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+];
+const MEMORY: [(&str, &str, RGBColor); 4] = [
+    ("rss_anon_kb", "RssAnon", RGBColor(214, 39, 40)),
+    ("rss_file_kb", "RssFile", RGBColor(31, 119, 180)),
+    ("pss_kb", "Pss", RGBColor(148, 103, 189)),
+    ("device_bytes", "device memory", RGBColor(127, 127, 127)),
+];
+
+type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// Writes the SVG.
+pub fn draw(b: &Bench, s: &Summary, path: &Path) -> Result<()> {
+    draw_inner(b, s, path).map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+}
+
+fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
+    let panels = if b.grouped { 3 } else { 2 };
+    let root = SVGBackend::new(path, (480 * panels as u32, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = format!(
+        "vkdecode bench: {} ({:.0} MB), {} repetitions{}",
+        b.model
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        b.file_size as f64 / 1e6,
+        b.args.repetitions,
+        if b.args.cold { ", cold" } else { "" }
+    );
+    let root = root.titled(&title, ("sans-serif", 18))?;
+    let areas = root.split_evenly((1, panels));
+    let Some(first) = s.by_procs.first() else {
+        root.present()?;
+        return Ok(());
+    };
+    let names: Vec<String> = b.arms.iter().map(|a| a.name.clone()).collect();
+    let n_arms = names.len();
+    let x_range = -0.5f64..(n_arms as f64 - 0.5);
+    let label_of = |x: &f64| -> String {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n_arms {
+            names[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+
+    // Decode tok/s per arm.
+    {
+        let spreads: Vec<_> = first
+            .arms
+            .iter()
+            .map(|a| a.get("decode_tok_s").copied())
+            .collect();
+        let ymax = spreads
+            .iter()
+            .flatten()
+            .map(|s| s.max)
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.15;
+        let caption = if b.grouped {
+            format!("decode tok/s per process (N = {})", first.n)
+        } else {
+            "decode tok/s (median, min-max)".to_string()
+        };
+        let mut chart = ChartBuilder::on(&areas[0])
+            .caption(caption, ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(x_range.clone(), 0f64..ymax)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_arms.max(2) * 2 + 1)
+            .x_label_formatter(&label_of)
+            .y_desc("tok/s")
+            .draw()?;
+        for (i, sp) in spreads.iter().enumerate() {
+            let Some(sp) = sp else { continue };
+            let x = i as f64;
+            let color = ARM_COLORS[i % ARM_COLORS.len()];
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x - 0.3, 0.0), (x + 0.3, sp.median)],
+                color.filled(),
+            )))?;
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x, sp.min), (x, sp.max)],
+                BLACK.stroke_width(2),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{:.2}", sp.median),
+                (x - 0.15, sp.median + ymax * 0.07),
+                ("sans-serif", 13),
+            )))?;
+        }
+    }
+
+    // Memory split per arm.
+    {
+        let mib = |key: &str, v: f64| {
+            if key == "device_bytes" {
+                v / 1048576.0
+            } else {
+                v / 1024.0
+            }
+        };
+        let medians: Vec<Vec<Option<f64>>> = first
+            .arms
+            .iter()
+            .map(|a| {
+                MEMORY
+                    .iter()
+                    .map(|(k, _, _)| a.get(k).map(|s| mib(k, s.median)))
+                    .collect()
+            })
+            .collect();
+        let ymax = medians
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .fold(0.0, f64::max)
+            .max(1.0)
+            * 1.45;
+        let mut chart = ChartBuilder::on(&areas[1])
+            .caption("memory per process (median, MiB)", ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(x_range.clone(), 0f64..ymax)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n_arms.max(2) * 2 + 1)
+            .x_label_formatter(&label_of)
+            .y_desc("MiB")
+            .draw()?;
+        let width = 0.8 / MEMORY.len() as f64;
+        for (m, (_, label, color)) in MEMORY.iter().enumerate() {
+            let bars: Vec<Rectangle<(f64, f64)>> = medians
+                .iter()
+                .enumerate()
+                .filter_map(|(i, row)| {
+                    let v = row[m]?;
+                    let x0 = i as f64 - 0.4 + m as f64 * width;
+                    Some(Rectangle::new(
+                        [(x0, 0.0), (x0 + width * 0.9, v)],
+                        color.filled(),
+                    ))
+                })
+                .collect();
+            let color = *color;
+            chart
+                .draw_series(bars)?
+                .label(*label)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+
+    // Sum of Pss against N.
+    if b.grouped {
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let pts: Vec<(f64, f64)> = s
+                .by_procs
+                .iter()
+                .filter_map(|p| Some((p.n as f64, p.arms[i].get("sum_pss_kb")?.median / 1024.0)))
+                .collect();
+            series.push((name.clone(), pts));
+        }
+        let nmax = b.procs.iter().copied().max().unwrap_or(1) as f64;
+        let model_mib = b.file_size as f64 / 1048576.0;
+        let ymax = series
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
+            .fold(model_mib * nmax, f64::max)
+            * 1.15;
+        let mut chart = ChartBuilder::on(&areas[2])
+            .caption("sum of Pss over N processes (MiB)", ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..nmax + 0.5, 0f64..ymax)?;
+        let n_label = |x: &f64| {
+            if (x - x.round()).abs() < 1e-6 && *x >= 1.0 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        };
+        chart
+            .configure_mesh()
+            .x_labels(2 * nmax as usize + 2)
+            .x_label_formatter(&n_label)
+            .x_desc("N processes")
+            .y_desc("MiB")
+            .draw()?;
+        for (i, (name, pts)) in series.into_iter().enumerate() {
+            let color = ARM_COLORS[i % ARM_COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 12, y)], color.stroke_width(2))
+                });
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+        }
+        chart
+            .draw_series(LineSeries::new(
+                vec![(0.0, 0.0), (nmax, model_mib * nmax)],
+                BLACK.mix(0.4).stroke_width(1),
+            ))?
+            .label("N x model size")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK.mix(0.4)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}

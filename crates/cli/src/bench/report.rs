@@ -1,0 +1,850 @@
+//! The benchmark's summary: per arm median/min/max of every figure, pairwise ratios
+//! between arms, the `--procs` figures; printed as a table and kept as JSON.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::stats::{pair_differences, pair_ratio_spread, spread, Spread};
+use super::{Arm, Bench, GroupRecord, RunRecord};
+
+/// How a figure is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Ms,
+    TokS,
+    Kib,
+    Bytes,
+}
+
+/// One per-run figure: its JSON key and how to label it.
+pub struct Figure {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub unit: Unit,
+}
+
+/// The per-run figures, in table order.
+pub const FIGURES: &[Figure] = &[
+    Figure {
+        key: "load_ms",
+        label: "load ms",
+        unit: Unit::Ms,
+    },
+    Figure {
+        key: "ttft_ms",
+        label: "time to first token ms",
+        unit: Unit::Ms,
+    },
+    Figure {
+        key: "prefill_tok_s",
+        label: "prefill tok/s",
+        unit: Unit::TokS,
+    },
+    Figure {
+        key: "decode_tok_s",
+        label: "decode tok/s",
+        unit: Unit::TokS,
+    },
+    Figure {
+        key: "rss_anon_kb",
+        label: "RssAnon MiB",
+        unit: Unit::Kib,
+    },
+    Figure {
+        key: "rss_file_kb",
+        label: "RssFile MiB",
+        unit: Unit::Kib,
+    },
+    Figure {
+        key: "pss_kb",
+        label: "Pss MiB",
+        unit: Unit::Kib,
+    },
+    Figure {
+        key: "peak_rss_kb",
+        label: "peak RSS (VmHWM) MiB",
+        unit: Unit::Kib,
+    },
+    Figure {
+        key: "device_bytes",
+        label: "device memory MiB",
+        unit: Unit::Bytes,
+    },
+    Figure {
+        key: "file_resident_bytes",
+        label: "model file resident MiB",
+        unit: Unit::Bytes,
+    },
+    Figure {
+        key: "file_resident_at_start_bytes",
+        label: "resident at start MiB",
+        unit: Unit::Bytes,
+    },
+];
+
+/// The figures of one group of `--procs N` runs.
+pub const GROUP_FIGURES: &[Figure] = &[
+    Figure {
+        key: "sum_pss_kb",
+        label: "sum of Pss MiB",
+        unit: Unit::Kib,
+    },
+    Figure {
+        key: "mem_available_drop_kb",
+        label: "MemAvailable drop MiB",
+        unit: Unit::Kib,
+    },
+];
+
+impl Unit {
+    fn show(self, v: f64) -> String {
+        match self {
+            Unit::Ms => format!("{v:.1}"),
+            Unit::TokS => format!("{v:.2}"),
+            Unit::Kib => format!("{:.1}", v / 1024.0),
+            Unit::Bytes => format!("{:.1}", v / (1024.0 * 1024.0)),
+        }
+    }
+}
+
+/// The value of a per-run figure, if the run succeeded and reported it.
+pub fn run_value(r: &RunRecord, key: &str) -> Option<f64> {
+    let stats = r.child.stats.as_ref().ok()?;
+    match key {
+        "peak_rss_kb" => stats.get("vm_hwm_kb")?.as_f64(),
+        "file_resident_at_start_bytes" => r.residency_at_start.map(|x| x.resident_bytes as f64),
+        _ => stats.get(key)?.as_f64(),
+    }
+}
+
+/// A group's figures: sum of Pss over its processes (only when every one reported), and
+/// the drop in MemAvailable while they were all loaded.
+pub fn group_value(g: &GroupRecord, runs: &[RunRecord], key: &str) -> Option<f64> {
+    match key {
+        "sum_pss_kb" => {
+            let members: Vec<&RunRecord> = runs.iter().filter(|r| r.seq == g.seq).collect();
+            if members.len() != g.procs {
+                return None;
+            }
+            members.iter().map(|r| run_value(r, "pss_kb")).sum()
+        }
+        "mem_available_drop_kb" => {
+            Some(g.mem_available_before_kb? as f64 - g.mem_available_loaded_kb? as f64)
+        }
+        _ => None,
+    }
+}
+
+/// The summary of one N (the whole A/B without --procs).
+pub struct ProcsSummary {
+    pub n: usize,
+    /// Per arm, per figure key (per-run and group figures alike).
+    pub arms: Vec<BTreeMap<&'static str, Spread>>,
+    /// Per arm: runs that failed, and how many of those the bench or a signal killed.
+    pub failures: Vec<(usize, usize)>,
+    /// (numerator arm, denominator arm, per figure key the pairwise-ratio spread).
+    pub ratios: Vec<(usize, usize, BTreeMap<&'static str, Spread>)>,
+    /// The same pairs, per figure key the spread of the pairwise differences.
+    pub differences: Vec<(usize, usize, BTreeMap<&'static str, Spread>)>,
+}
+
+/// Summaries for every N run.
+pub struct Summary {
+    pub by_procs: Vec<ProcsSummary>,
+}
+
+/// Which arm pairs get ratios: every arm against `copy` (the baseline; the first arm when
+/// there is no copy arm), and an ablation arm against the arm of its mode.
+pub fn ratio_pairs(arms: &[Arm]) -> Vec<(usize, usize)> {
+    let base = arms.iter().position(|a| a.name == "copy").unwrap_or(0);
+    let mut pairs = Vec::new();
+    for (i, a) in arms.iter().enumerate() {
+        if i != base {
+            pairs.push((i, base));
+        }
+        if a.sync_each_layer {
+            if let Some(j) = arms
+                .iter()
+                .position(|b| b.mode == a.mode && !b.sync_each_layer)
+            {
+                if j != base {
+                    pairs.push((i, j));
+                }
+            }
+        }
+    }
+    pairs
+}
+
+impl Summary {
+    pub fn new(b: &Bench) -> Summary {
+        let by_procs = b
+            .procs
+            .iter()
+            .map(|&n| {
+                let runs_of = |arm: usize| -> Vec<&RunRecord> {
+                    b.runs
+                        .iter()
+                        .filter(|r| r.arm == arm && r.procs == n)
+                        .collect()
+                };
+                let groups_of = |arm: usize| -> Vec<&GroupRecord> {
+                    b.groups
+                        .iter()
+                        .filter(|g| g.arm == arm && g.procs == n)
+                        .collect()
+                };
+                let keyed_runs = |arm: usize, key: &str| -> Vec<((usize, usize), f64)> {
+                    runs_of(arm)
+                        .iter()
+                        .filter_map(|r| Some(((r.repetition, r.process), run_value(r, key)?)))
+                        .collect()
+                };
+                let keyed_groups = |arm: usize, key: &str| -> Vec<((usize, usize), f64)> {
+                    groups_of(arm)
+                        .iter()
+                        .filter_map(|g| Some(((g.repetition, 0), group_value(g, &b.runs, key)?)))
+                        .collect()
+                };
+                let keyed = |arm: usize, key: &str, group: bool| {
+                    if group {
+                        keyed_groups(arm, key)
+                    } else {
+                        keyed_runs(arm, key)
+                    }
+                };
+                let figure_keys: Vec<(&'static str, bool)> = FIGURES
+                    .iter()
+                    .map(|f| (f.key, false))
+                    .chain(
+                        GROUP_FIGURES
+                            .iter()
+                            .filter(|_| b.grouped)
+                            .map(|f| (f.key, true)),
+                    )
+                    .collect();
+                let arms = (0..b.arms.len())
+                    .map(|arm| {
+                        figure_keys
+                            .iter()
+                            .filter_map(|&(key, group)| {
+                                let values: Vec<f64> =
+                                    keyed(arm, key, group).into_iter().map(|(_, v)| v).collect();
+                                Some((key, spread(&values)?))
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let failures = (0..b.arms.len())
+                    .map(|arm| {
+                        let failed: Vec<&RunRecord> = runs_of(arm)
+                            .into_iter()
+                            .filter(|r| r.child.stats.is_err())
+                            .collect();
+                        let killed = failed
+                            .iter()
+                            .filter(|r| {
+                                r.child
+                                    .stats
+                                    .as_ref()
+                                    .err()
+                                    .is_some_and(|f| f.killed_by_bench || f.signal.is_some())
+                            })
+                            .count();
+                        (failed.len(), killed)
+                    })
+                    .collect();
+                let ratios = ratio_pairs(&b.arms)
+                    .into_iter()
+                    .map(|(a, d)| {
+                        let figures = figure_keys
+                            .iter()
+                            // A drop in MemAvailable can be negative (noise): compare by difference.
+                            .filter(|&&(key, _)| key != "mem_available_drop_kb")
+                            .filter_map(|&(key, group)| {
+                                Some((
+                                    key,
+                                    pair_ratio_spread(
+                                        &keyed(a, key, group),
+                                        &keyed(d, key, group),
+                                    )?,
+                                ))
+                            })
+                            .collect();
+                        (a, d, figures)
+                    })
+                    .collect();
+                let differences = ratio_pairs(&b.arms)
+                    .into_iter()
+                    .map(|(a, d)| {
+                        let figures = figure_keys
+                            .iter()
+                            .filter_map(|&(key, group)| {
+                                Some((
+                                    key,
+                                    spread(&pair_differences(
+                                        &keyed(a, key, group),
+                                        &keyed(d, key, group),
+                                    ))?,
+                                ))
+                            })
+                            .collect();
+                        (a, d, figures)
+                    })
+                    .collect();
+                ProcsSummary {
+                    n,
+                    arms,
+                    failures,
+                    ratios,
+                    differences,
+                }
+            })
+            .collect();
+        Summary { by_procs }
+    }
+}
+
+fn spread_json(s: &Spread) -> Value {
+    json!({"median": s.median, "min": s.min, "max": s.max, "n": s.n})
+}
+
+fn procs_summary_json(b: &Bench, p: &ProcsSummary) -> Value {
+    let mut arms = Map::new();
+    for (i, arm) in b.arms.iter().enumerate() {
+        let mut m: Map<String, Value> = p.arms[i]
+            .iter()
+            .map(|(k, s)| (k.to_string(), spread_json(s)))
+            .collect();
+        if b.grouped {
+            if let Some(s) = p.arms[i].get("decode_tok_s") {
+                m.insert("per_process_decode_tok_s".into(), spread_json(s));
+            }
+        }
+        m.insert("failures".into(), json!(p.failures[i].0));
+        m.insert("killed".into(), json!(p.failures[i].1));
+        arms.insert(arm.name.clone(), Value::Object(m));
+    }
+    let mut ratios = Map::new();
+    for (a, d, figs) in &p.ratios {
+        ratios.insert(
+            format!("{}/{}", b.arms[*a].name, b.arms[*d].name),
+            Value::Object(
+                figs.iter()
+                    .map(|(k, s)| (k.to_string(), spread_json(s)))
+                    .collect(),
+            ),
+        );
+    }
+    let mut differences = Map::new();
+    for (a, d, figs) in &p.differences {
+        differences.insert(
+            format!("{}-{}", b.arms[*a].name, b.arms[*d].name),
+            Value::Object(
+                figs.iter()
+                    .map(|(k, s)| (k.to_string(), spread_json(s)))
+                    .collect(),
+            ),
+        );
+    }
+    json!({"procs": p.n, "arms": arms, "ratios": ratios, "differences": differences})
+}
+
+/// A run as JSON: the child's `--stats-json` object, plus `peak_rss_kb` and a `bench`
+/// object saying where it sat in the schedule; a failed run says why instead.
+pub fn run_json(b: &Bench, r: &RunRecord) -> Value {
+    let mut bench = json!({
+        "arm": b.arms[r.arm].name,
+        "procs": r.procs,
+        "repetition": r.repetition,
+        "process": r.process,
+        "seq": r.seq,
+        "pid": r.child.pid,
+        "wall_ms": r.child.wall_ms,
+        "evicted_before": r.evicted,
+    });
+    if let Some(res) = r.residency_at_start {
+        bench["file_resident_at_start_bytes"] = json!(res.resident_bytes);
+        bench["file_resident_at_start_fraction"] = json!(res.fraction());
+    }
+    match &r.child.stats {
+        Ok(stats) => {
+            let mut v = stats.clone();
+            v["peak_rss_kb"] = stats.get("vm_hwm_kb").cloned().unwrap_or(Value::Null);
+            v["bench"] = bench;
+            v
+        }
+        Err(f) => json!({
+            "failed": true,
+            "reason": f.reason,
+            "exit_code": f.exit_code,
+            "signal": f.signal,
+            "killed_by_bench": f.killed_by_bench,
+            "stderr_tail": f.stderr_tail,
+            "bench": bench,
+        }),
+    }
+}
+
+fn first_stat(b: &Bench, arm: Option<usize>, keys: &[&str]) -> Value {
+    b.runs
+        .iter()
+        .filter(|r| arm.is_none() || arm == Some(r.arm))
+        .filter_map(|r| r.child.stats.as_ref().ok())
+        .find_map(|s| {
+            keys.iter()
+                .find_map(|k| s.get(*k).filter(|v| !v.is_null()).cloned())
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// The whole benchmark as JSON (see issue 6 and benches/README.md).
+pub fn to_json(b: &Bench, summary: &Summary) -> Value {
+    let mut arms = Map::new();
+    for (i, arm) in b.arms.iter().enumerate() {
+        let runs: Vec<Value> = b
+            .runs
+            .iter()
+            .filter(|r| r.arm == i && r.child.stats.is_ok())
+            .map(|r| run_json(b, r))
+            .collect();
+        let failures: Vec<Value> = b
+            .runs
+            .iter()
+            .filter(|r| r.arm == i && r.child.stats.is_err())
+            .map(|r| run_json(b, r))
+            .collect();
+        let mut a = json!({
+            "mode": arm.mode.as_str(),
+            "sync_each_layer": arm.sync_each_layer,
+            "runs": runs,
+            "failures": failures,
+        });
+        if b.grouped {
+            a["groups"] = b
+                .groups
+                .iter()
+                .filter(|g| g.arm == i)
+                .map(|g| {
+                    json!({
+                        "procs": g.procs,
+                        "repetition": g.repetition,
+                        "seq": g.seq,
+                        "mem_available_before_kb": g.mem_available_before_kb,
+                        "mem_available_loaded_kb": g.mem_available_loaded_kb,
+                        "mem_available_drop_kb": group_value(g, &b.runs, "mem_available_drop_kb"),
+                        "sum_pss_kb": group_value(g, &b.runs, "sum_pss_kb"),
+                        "all_reached_barrier": g.all_reached_barrier,
+                        "failed": b.runs.iter().filter(|r| r.seq == g.seq && r.child.stats.is_err()).count(),
+                        "per_process_decode_tok_s": b
+                            .runs
+                            .iter()
+                            .filter(|r| r.seq == g.seq)
+                            .map(|r| run_value(r, "decode_tok_s"))
+                            .collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+        }
+        arms.insert(arm.name.clone(), a);
+    }
+    let weights_path: Map<String, Value> = b
+        .arms
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.name.clone(), first_stat(b, Some(i), &["weights_path"])))
+        .collect();
+    let first = summary.by_procs.first();
+    let mut summary_json = json!({
+        "arms": first.map(|p| procs_summary_json(b, p)["arms"].clone()).unwrap_or(Value::Null),
+        "ratios": first.map(|p| procs_summary_json(b, p)["ratios"].clone()).unwrap_or(Value::Null),
+        "differences": first
+            .map(|p| procs_summary_json(b, p)["differences"].clone())
+            .unwrap_or(Value::Null),
+    });
+    if b.grouped {
+        summary_json["procs"] = summary
+            .by_procs
+            .iter()
+            .map(|p| procs_summary_json(b, p))
+            .collect();
+    }
+    json!({
+        "arms": arms,
+        "device": first_stat(b, None, &["device"]),
+        "driver": first_stat(b, None, &["driver", "driver_info", "driver_name"]),
+        "backend": first_stat(b, None, &["backend"]),
+        "model": b.model.display().to_string(),
+        "file_size": b.file_size,
+        "alignment": b.alignment,
+        "weights_path": weights_path,
+        "config": {
+            "modes": b.arms.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+            "repetitions": b.args.repetitions,
+            "prompt_tokens": b.args.prompt_tokens,
+            "decode_tokens": b.args.decode_tokens,
+            "prompt": b.prompt_source,
+            "procs": if b.grouped { json!(b.procs) } else { Value::Null },
+            "cold": b.args.cold,
+            "schedule": "arms alternate within each repetition; each run a fresh process",
+        },
+        "interrupted": b.interrupted,
+        "summary": summary_json,
+    })
+}
+
+/// One line on stderr after each group.
+pub fn progress_line(arm: &Arm, g: &GroupRecord, runs: &[RunRecord], grouped: bool) -> String {
+    let mut parts = vec![format!("{} (repetition {}", arm.name, g.repetition + 1)];
+    if grouped {
+        parts[0].push_str(&format!(", {} processes)", g.procs));
+    } else {
+        parts[0].push(')');
+    }
+    for r in runs {
+        match &r.child.stats {
+            Ok(_) => parts.push(format!(
+                "load {} ms, decode {} tok/s, RssAnon {} MiB",
+                run_value(r, "load_ms").map_or("?".into(), |v| format!("{v:.0}")),
+                run_value(r, "decode_tok_s").map_or("?".into(), |v| format!("{v:.2}")),
+                run_value(r, "rss_anon_kb").map_or("?".into(), |v| format!("{:.1}", v / 1024.0)),
+            )),
+            Err(f) => parts.push(format!(
+                "FAILED: {}\n    stderr: {}",
+                f.reason,
+                f.stderr_tail.trim_end().replace('\n', "\n    stderr: ")
+            )),
+        }
+    }
+    if grouped {
+        if let Some(d) = group_value(g, runs, "mem_available_drop_kb") {
+            parts.push(format!("MemAvailable drop {:.1} MiB", d / 1024.0));
+        }
+    }
+    parts.join("; ")
+}
+
+/// The summary as a plain-text table.
+pub fn table(b: &Bench, s: &Summary) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "model {} ({:.1} MB, tensor alignment {}), device {}, driver {}, backend {}\n",
+        b.model.display(),
+        b.file_size as f64 / 1e6,
+        b.alignment,
+        first_stat(b, None, &["device"]).as_str().unwrap_or("?"),
+        first_stat(b, None, &["driver", "driver_info", "driver_name"])
+            .as_str()
+            .unwrap_or("?"),
+        first_stat(b, None, &["backend"]).as_str().unwrap_or("?"),
+    ));
+    for (i, a) in b.arms.iter().enumerate() {
+        out.push_str(&format!(
+            "  {}: weights path {}\n",
+            a.name,
+            first_stat(b, Some(i), &["weights_path"])
+                .as_str()
+                .unwrap_or("?")
+        ));
+    }
+    out.push_str(&format!(
+        "{} repetitions, arms alternating, prompt {} tokens, decode {} tokens, {}\n",
+        b.args.repetitions,
+        b.args.prompt_tokens,
+        b.args.decode_tokens,
+        if b.args.cold {
+            "cold: file evicted from the page cache before each run"
+        } else {
+            "warm page cache"
+        }
+    ));
+    for p in &s.by_procs {
+        out.push('\n');
+        if b.grouped {
+            out.push_str(&format!(
+                "--procs {}: {} decoders at once per arm\n",
+                p.n, p.n
+            ));
+        }
+        let mut header = vec!["figure (median [min..max])".to_string()];
+        header.extend(b.arms.iter().map(|a| a.name.clone()));
+        header.extend(
+            p.ratios
+                .iter()
+                .map(|(a, d, _)| format!("{}/{}", b.arms[*a].name, b.arms[*d].name)),
+        );
+        // The headline pair also gets its difference (memory claims are differences).
+        let diff = p.differences.first();
+        if let Some((a, d, _)) = diff {
+            header.push(format!("{}-{}", b.arms[*a].name, b.arms[*d].name));
+        }
+        let mut rows = vec![header];
+        let figures = FIGURES
+            .iter()
+            .chain(GROUP_FIGURES.iter().filter(|_| b.grouped));
+        for f in figures {
+            let label = if b.grouped && f.key == "decode_tok_s" {
+                "decode tok/s per process"
+            } else {
+                f.label
+            };
+            let mut row = vec![label.to_string()];
+            for arm in &p.arms {
+                row.push(match arm.get(f.key) {
+                    Some(sp) if sp.n > 1 => format!(
+                        "{} [{}..{}]",
+                        f.unit.show(sp.median),
+                        f.unit.show(sp.min),
+                        f.unit.show(sp.max)
+                    ),
+                    Some(sp) => f.unit.show(sp.median),
+                    None => "-".into(),
+                });
+            }
+            for (_, _, figs) in &p.ratios {
+                row.push(
+                    figs.get(f.key)
+                        .map_or("-".into(), |r| format!("{:.3}", r.median)),
+                );
+            }
+            if let Some((_, _, figs)) = diff {
+                row.push(
+                    figs.get(f.key)
+                        .map_or("-".into(), |r| f.unit.show(r.median)),
+                );
+            }
+            if row[1..].iter().any(|c| c != "-") {
+                rows.push(row);
+            }
+        }
+        let mut row = vec!["failed runs (killed)".to_string()];
+        for (failed, killed) in &p.failures {
+            row.push(format!("{failed} ({killed})"));
+        }
+        row.extend(p.ratios.iter().map(|_| String::new()));
+        row.extend(diff.map(|_| String::new()));
+        rows.push(row);
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r.get(c).map_or(0, |s| s.len()))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for (i, r) in rows.iter().enumerate() {
+            let line: Vec<String> = r
+                .iter()
+                .enumerate()
+                .map(|(c, cell)| {
+                    if c == 0 {
+                        format!("{cell:<w$}", w = widths[c])
+                    } else {
+                        format!("{cell:>w$}", w = widths[c])
+                    }
+                })
+                .collect();
+            out.push_str(line.join("  ").trim_end());
+            out.push('\n');
+            if i == 0 {
+                out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
+                out.push('\n');
+            }
+        }
+    }
+    out.push_str(
+        "a/b and a-b columns: medians of pairwise ratios and differences (repetition i of one arm against repetition i of the other)\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::child::{ChildResult, Failure};
+    use super::super::{plan_arms, Args, Bench, GroupRecord, Mode, RunRecord};
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn ok(decode: f64, pss_kb: f64, anon_kb: f64) -> ChildResult {
+        ChildResult {
+            pid: 1,
+            wall_ms: 1.0,
+            stats: Ok(
+                json!({"decode_tok_s": decode, "pss_kb": pss_kb, "rss_anon_kb": anon_kb,
+                "vm_hwm_kb": 2.0 * pss_kb, "device": "dev", "weights_path": "some path"}),
+            ),
+            stderr_tail: String::new(),
+        }
+    }
+
+    fn failed() -> ChildResult {
+        ChildResult {
+            pid: 2,
+            wall_ms: 1.0,
+            stats: Err(Failure {
+                reason: "killed by signal 9".into(),
+                exit_code: None,
+                signal: Some(9),
+                killed_by_bench: false,
+                stderr_tail: "oom".into(),
+            }),
+            stderr_tail: "oom".into(),
+        }
+    }
+
+    /// Two arms, --procs 2, three repetitions; copy's third group loses a process.
+    fn bench() -> Bench {
+        let args = Wrap::parse_from(["x", "-m", "m.gguf", "-r", "3", "--procs", "2"]).args;
+        let arms = plan_arms(&[Mode::Import, Mode::Copy], false);
+        // (decode tok/s per process, Pss KiB per process) per repetition and arm.
+        let import = [
+            [(10.0, 100.0), (12.0, 100.0)],
+            [(20.0, 100.0), (20.0, 100.0)],
+            [(9.0, 100.0), (9.0, 100.0)],
+        ];
+        let copy = [
+            [(5.0, 400.0), (6.0, 400.0)],
+            [(40.0, 400.0), (10.0, 400.0)],
+            [(3.0, 400.0), (0.0, 0.0)],
+        ];
+        let mut runs = Vec::new();
+        let mut groups = Vec::new();
+        let mut seq = 0;
+        for rep in 0..3 {
+            for (arm, table) in [(0, &import), (1, &copy)] {
+                for (process, &(d, p)) in table[rep].iter().enumerate() {
+                    let child = if arm == 1 && rep == 2 && process == 1 {
+                        failed()
+                    } else {
+                        ok(d, p, p / 2.0)
+                    };
+                    runs.push(RunRecord {
+                        arm,
+                        procs: 2,
+                        repetition: rep,
+                        process,
+                        seq,
+                        evicted: false,
+                        residency_at_start: None,
+                        child,
+                    });
+                }
+                groups.push(GroupRecord {
+                    arm,
+                    procs: 2,
+                    repetition: rep,
+                    seq,
+                    mem_available_before_kb: Some(10_000),
+                    mem_available_loaded_kb: Some(10_000 - if arm == 0 { 50 } else { 800 }),
+                    all_reached_barrier: !(arm == 1 && rep == 2),
+                });
+                seq += 1;
+            }
+        }
+        Bench {
+            args,
+            arms,
+            model: "m.gguf".into(),
+            file_size: 4096,
+            alignment: 32,
+            prompt_source: "test".into(),
+            runs,
+            groups,
+            procs: vec![2],
+            grouped: true,
+            interrupted: false,
+        }
+    }
+
+    #[test]
+    fn summary_pairs_processes_and_groups_by_repetition() {
+        let b = bench();
+        let s = Summary::new(&b);
+        assert_eq!(s.by_procs.len(), 1);
+        let p = &s.by_procs[0];
+        // Per-process decode tok/s pairs: 10/5, 12/6, 20/40, 20/10, 9/3 (the failed one
+        // has no pair): 2, 2, 0.5, 2, 3 -> median 2.
+        let (a, d, r) = &p.ratios[0];
+        assert_eq!((*a, *d), (0, 1));
+        assert_eq!(r["decode_tok_s"].median, 2.0);
+        assert_eq!(r["decode_tok_s"].n, 5);
+        // Sum of Pss only over complete groups: 200 vs 800 twice.
+        assert_eq!(p.arms[0]["sum_pss_kb"].median, 200.0);
+        assert_eq!(p.arms[1]["sum_pss_kb"].n, 2);
+        assert_eq!(r["sum_pss_kb"].median, 0.25);
+        let (_, _, diff) = &p.differences[0];
+        assert_eq!(diff["sum_pss_kb"].median, -600.0);
+        assert_eq!(diff["mem_available_drop_kb"].median, -750.0);
+        assert!(
+            !r.contains_key("mem_available_drop_kb"),
+            "no ratio of drops"
+        );
+        assert_eq!(p.failures, vec![(0, 0), (1, 1)]);
+        // Per arm decode tok/s: copy has 5 values 5, 6, 40, 10, 3 -> median 6.
+        assert_eq!(p.arms[1]["decode_tok_s"].median, 6.0);
+        assert_eq!(
+            (p.arms[1]["decode_tok_s"].min, p.arms[1]["decode_tok_s"].max),
+            (3.0, 40.0)
+        );
+        assert_eq!(p.arms[0]["peak_rss_kb"].median, 200.0);
+    }
+
+    #[test]
+    fn json_keeps_every_run_and_failure() {
+        let b = bench();
+        let j = to_json(&b, &Summary::new(&b));
+        assert_eq!(
+            j["arms"]["import"]["runs"].as_array().map(Vec::len),
+            Some(6)
+        );
+        assert_eq!(j["arms"]["copy"]["runs"].as_array().map(Vec::len), Some(5));
+        let fail = &j["arms"]["copy"]["failures"][0];
+        assert_eq!(fail["signal"], 9);
+        assert_eq!(fail["stderr_tail"], "oom");
+        assert_eq!(fail["bench"]["repetition"], 2);
+        let run = &j["arms"]["import"]["runs"][0];
+        assert_eq!(run["peak_rss_kb"], 200.0);
+        assert_eq!(run["bench"]["arm"], "import");
+        assert_eq!(j["arms"]["copy"]["groups"][2]["sum_pss_kb"], Value::Null);
+        assert_eq!(
+            j["arms"]["copy"]["groups"][0]["mem_available_drop_kb"],
+            800.0
+        );
+        assert_eq!(
+            j["summary"]["ratios"]["import/copy"]["decode_tok_s"]["median"],
+            2.0
+        );
+        assert_eq!(j["summary"]["procs"][0]["procs"], 2);
+        assert_eq!(j["device"], "dev");
+        assert_eq!(j["weights_path"]["copy"], "some path");
+        assert_eq!(
+            (j["file_size"].as_u64(), j["alignment"].as_u64()),
+            (Some(4096), Some(32))
+        );
+        let t = table(&b, &Summary::new(&b));
+        assert!(
+            t.contains("import/copy") && t.contains("sum of Pss MiB"),
+            "{t}"
+        );
+        assert!(
+            t.contains("1 (1)"),
+            "copy's failure is counted in the table:\n{t}"
+        );
+    }
+
+    #[test]
+    fn ratio_pairs_use_copy_as_baseline_and_the_ablation_against_its_mode() {
+        let arms = plan_arms(&[Mode::Import, Mode::Copy, Mode::Auto], true);
+        // import, copy, auto, import+sync
+        assert_eq!(ratio_pairs(&arms), vec![(0, 1), (2, 1), (3, 1), (3, 0)]);
+        let arms = plan_arms(&[Mode::Auto, Mode::Import], false);
+        assert_eq!(ratio_pairs(&arms), vec![(1, 0)]);
+    }
+}
