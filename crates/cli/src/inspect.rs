@@ -1,9 +1,276 @@
-//! `vkdecode inspect` (placeholder until its issue lands).
+//! `vkdecode inspect`: a GGUF file's hyper-parameters, tokenizer, tensors and totals, as
+//! text or (`--json`) one JSON object.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use gguf::{GgmlType, Gguf, GgufFile, Value};
+use serde::Serialize;
 
 /// Arguments of `inspect`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// GGUF file to inspect.
+    pub model: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also list every metadata key with a short rendering of its value.
+    #[arg(long)]
+    pub metadata: bool,
+    // ---- residency helper: the `--plan` flag (shard plan of the import path) goes
+    // ---- here, with its output added to `Report::plan` below. Not implemented here.
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`inspect` is not built yet")
+/// Model hyper-parameters (`<arch>.*` keys); absent keys are `None`.
+#[derive(Serialize, Debug, Default)]
+pub struct HyperParams {
+    pub block_count: Option<u64>,
+    pub embedding_length: Option<u64>,
+    pub feed_forward_length: Option<u64>,
+    pub head_count: Option<u64>,
+    pub head_count_kv: Option<u64>,
+    pub rope_freq_base: Option<f32>,
+    pub rms_eps: Option<f32>,
+    pub context_length: Option<u64>,
+    pub vocab_size: Option<u64>,
+}
+
+/// What the tokenizer metadata says.
+#[derive(Serialize, Debug, Default)]
+pub struct TokenizerSummary {
+    pub model: Option<String>,
+    pub pre: Option<String>,
+    pub vocab_size: Option<u64>,
+    pub bos_token_id: Option<u64>,
+    pub eos_token_id: Option<u64>,
+    pub has_chat_template: bool,
+}
+
+/// One row of the tensor table.
+#[derive(Serialize, Debug)]
+pub struct TensorRow {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub shape: Vec<u64>,
+    /// Absolute offset of the data in the file.
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// Tensors of one type, summed.
+#[derive(Serialize, Debug, Default)]
+pub struct TypeTotal {
+    pub count: usize,
+    pub elements: u64,
+    pub bytes: u64,
+}
+
+/// Everything `inspect` reports (the `--json` object).
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub path: String,
+    pub file_size: u64,
+    pub version: u32,
+    pub alignment: u64,
+    pub data_offset: u64,
+    pub architecture: Option<String>,
+    pub name: Option<String>,
+    pub file_type: Option<u64>,
+    pub hyperparameters: HyperParams,
+    pub tokenizer: TokenizerSummary,
+    pub metadata_count: usize,
+    /// Present with `--metadata`: key -> short rendering of the value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Vec<(String, String)>>,
+    pub tensor_count: usize,
+    pub tensors: Vec<TensorRow>,
+    /// Keyed by type name.
+    pub totals_by_type: BTreeMap<String, TypeTotal>,
+    pub tensor_bytes: u64,
+    pub parameters: u64,
+    // Residency helper: `plan: Option<...>` (from `--plan`) goes here.
+}
+
+fn uint(g: &Gguf, key: &str) -> Option<u64> {
+    g.get_u64(key).ok()
+}
+
+fn float(g: &Gguf, key: &str) -> Option<f32> {
+    g.get_f32(key).ok()
+}
+
+/// Builds the report from a parsed file.
+pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
+    let arch = g.architecture().ok().map(str::to_owned);
+    let a = arch.clone().unwrap_or_default();
+    let key = |k: &str| format!("{a}.{k}");
+    let n_tokens = g
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .map(|v| v.len() as u64);
+    let hyperparameters = HyperParams {
+        block_count: uint(g, &key("block_count")),
+        embedding_length: uint(g, &key("embedding_length")),
+        feed_forward_length: uint(g, &key("feed_forward_length")),
+        head_count: uint(g, &key("attention.head_count")),
+        head_count_kv: uint(g, &key("attention.head_count_kv"))
+            .or_else(|| uint(g, &key("attention.head_count"))),
+        rope_freq_base: float(g, &key("rope.freq_base")),
+        rms_eps: float(g, &key("attention.layer_norm_rms_epsilon")),
+        context_length: uint(g, &key("context_length")),
+        vocab_size: uint(g, &key("vocab_size")).or(n_tokens),
+    };
+    let tokenizer = TokenizerSummary {
+        model: g.get_str("tokenizer.ggml.model").ok().map(str::to_owned),
+        pre: g.get_str("tokenizer.ggml.pre").ok().map(str::to_owned),
+        vocab_size: n_tokens,
+        bos_token_id: uint(g, "tokenizer.ggml.bos_token_id"),
+        eos_token_id: uint(g, "tokenizer.ggml.eos_token_id"),
+        has_chat_template: g.get_str("tokenizer.chat_template").is_ok(),
+    };
+    let mut totals: BTreeMap<String, TypeTotal> = BTreeMap::new();
+    let tensors: Vec<TensorRow> = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let tot = totals.entry(t.ty.name().to_string()).or_default();
+            tot.count += 1;
+            tot.elements += t.n_elements();
+            tot.bytes += t.n_bytes();
+            TensorRow {
+                name: t.name.clone(),
+                ty: t.ty.name().to_string(),
+                shape: t.shape.clone(),
+                offset: g.tensor_range(t).start,
+                bytes: t.n_bytes(),
+            }
+        })
+        .collect();
+    Report {
+        path: path.to_string(),
+        file_size: g.file_size,
+        version: g.version,
+        alignment: g.alignment,
+        data_offset: g.data_offset,
+        architecture: arch,
+        name: g.get_str("general.name").ok().map(str::to_owned),
+        file_type: uint(g, "general.file_type"),
+        hyperparameters,
+        tokenizer,
+        metadata_count: g.metadata.len(),
+        metadata: with_metadata.then(|| {
+            g.metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.summary(60)))
+                .collect()
+        }),
+        tensor_count: g.tensors.len(),
+        tensor_bytes: totals.values().map(|t| t.bytes).sum(),
+        parameters: totals.values().map(|t| t.elements).sum(),
+        tensors,
+        totals_by_type: totals,
+    }
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "-".to_string(), T::to_string)
+}
+
+fn print_text(r: &Report) {
+    println!("file          {} ({} bytes)", r.path, r.file_size);
+    println!(
+        "format        GGUF v{}, alignment {}, data at offset {}",
+        r.version, r.alignment, r.data_offset
+    );
+    println!(
+        "model         {} ({}), file_type {}",
+        opt(&r.architecture),
+        opt(&r.name),
+        opt(&r.file_type)
+    );
+    let h = &r.hyperparameters;
+    println!("hyper-parameters");
+    println!("  block_count          {}", opt(&h.block_count));
+    println!("  embedding_length     {}", opt(&h.embedding_length));
+    println!("  feed_forward_length  {}", opt(&h.feed_forward_length));
+    println!("  head_count           {}", opt(&h.head_count));
+    println!("  head_count_kv        {}", opt(&h.head_count_kv));
+    println!("  rope_freq_base       {}", opt(&h.rope_freq_base));
+    println!("  rms_eps              {}", opt(&h.rms_eps));
+    println!("  context_length       {}", opt(&h.context_length));
+    println!("  vocab_size           {}", opt(&h.vocab_size));
+    let t = &r.tokenizer;
+    println!("tokenizer");
+    println!("  model                {}", opt(&t.model));
+    println!("  pre                  {}", opt(&t.pre));
+    println!("  vocab_size           {}", opt(&t.vocab_size));
+    println!("  bos_token_id         {}", opt(&t.bos_token_id));
+    println!("  eos_token_id         {}", opt(&t.eos_token_id));
+    println!(
+        "  chat_template        {}",
+        if t.has_chat_template { "yes" } else { "no" }
+    );
+    if let Some(md) = &r.metadata {
+        println!("metadata ({} keys)", r.metadata_count);
+        for (k, v) in md {
+            println!("  {k:<40} {v}");
+        }
+    }
+    println!("tensors ({})", r.tensor_count);
+    let width = r
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!(
+        "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
+        "name", "type", "shape", "offset", "bytes"
+    );
+    for t in &r.tensors {
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" x ");
+        println!(
+            "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
+            t.name, t.ty, shape, t.offset, t.bytes
+        );
+    }
+    println!("totals by type");
+    for (ty, tot) in &r.totals_by_type {
+        let bpw = GgmlType::from_name(ty)
+            .map(|g| 8.0 * g.type_size() as f64 / g.block_size() as f64)
+            .unwrap_or(0.0);
+        println!(
+            "  {:<6} {:>4} tensors {:>12} elements {:>12} bytes ({bpw:.2} bits/weight)",
+            ty, tot.count, tot.elements, tot.bytes
+        );
+    }
+    println!(
+        "  all    {:>4} tensors {:>12} elements {:>12} bytes",
+        r.tensor_count, r.parameters, r.tensor_bytes
+    );
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let file = GgufFile::open(&args.model)
+        .with_context(|| format!("inspecting {}", args.model.display()))?;
+    let r = report(
+        &args.model.display().to_string(),
+        file.gguf(),
+        args.metadata,
+    );
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print_text(&r);
+    }
+    Ok(())
 }
