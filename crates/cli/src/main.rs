@@ -4,6 +4,7 @@
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
 
+mod bench;
 mod convert;
 mod info;
 mod inspect;
@@ -36,6 +37,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// List Vulkan devices, their capabilities, and what `--weights auto` picks on each.
     Info(info::Args),
+    /// A/B benchmark of imported versus copied weights, each run a fresh process.
+    Bench(bench::Args),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Some(Command::Convert(args)) => convert::run(args),
         Some(Command::Tokenize(args)) => tokenize::run(args),
         Some(Command::Info(args)) => info::run(args),
+        Some(Command::Bench(args)) => bench::run(args),
         None => run::run(cli.run),
     };
     if let Err(err) = result {
