@@ -1,0 +1,439 @@
+//! `vkdecode bench` end to end, with the children on the CPU reference backend (the
+//! harness is what is tested here: scheduling, the barrier, eviction, the JSON, the
+//! plot, failures) on a tiny synthetic model written by `reference::synthetic`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// Every key a child's `--stats-json` object carries (see `vkdecode --help`, run.rs).
+const RUN_KEYS: &[&str] = &[
+    "backend",
+    "model",
+    "model_bytes",
+    "device",
+    "weights_mode",
+    "weights_path",
+    "device_bytes",
+    "load_ms",
+    "ttft_ms",
+    "prefill_ms",
+    "decode_ms",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "n_prompt",
+    "n_generated",
+    "stop_reason",
+    "ctx_len",
+    "temp",
+    "seed",
+    "prompt_ids",
+    "generated_ids",
+    "text",
+    "rss_anon_kb",
+    "rss_file_kb",
+    "rss_shmem_kb",
+    "pss_kb",
+    "private_clean_kb",
+    "private_dirty_kb",
+    "shared_clean_kb",
+    "vm_hwm_kb",
+    "file_resident_bytes",
+    "peak_rss_kb",
+];
+
+/// A scratch dir for one test, on the target dir's disk (tmpfs pages cannot be evicted).
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bench_cli-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the scratch dir");
+    dir
+}
+
+/// Writes a tiny llama (2 layers, dim 64, vocab 320, Q8_0) and flushes it to disk.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let bytes = reference::synthetic::tiny_llama(7, 2, 64, 4, 2, 128, 320, gguf::GgmlType::Q8_0);
+    let path = dir.join("tiny.gguf");
+    let mut f = std::fs::File::create(&path).expect("creating the model");
+    f.write_all(&bytes).expect("writing the model");
+    // Dirty pages cannot be evicted: --cold needs them on disk.
+    f.sync_all().expect("syncing the model");
+    path
+}
+
+fn bench(model: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .arg("bench")
+        .arg("-m")
+        .arg(model)
+        .args([
+            "--backend",
+            "reference",
+            "-p",
+            "6",
+            "-n",
+            "3",
+            "--timeout",
+            "120",
+        ])
+        .args(extra)
+        .output()
+        .expect("running vkdecode bench")
+}
+
+fn ok(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "vkdecode bench failed:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    String::from_utf8(out.stdout.clone()).expect("utf-8 stdout")
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("the --json file exists");
+    serde_json::from_str(&text).expect("the --json file is JSON")
+}
+
+fn runs<'a>(j: &'a Value, arm: &str) -> &'a Vec<Value> {
+    j["arms"][arm]["runs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("arms.{arm}.runs is an array in {j}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is a number"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+#[test]
+fn ab_json_keeps_every_run_arms_alternate_and_ratios_are_pairwise() {
+    let dir = scratch("ab");
+    let model = tiny_model(&dir);
+    let json = dir.join("ab.json");
+    let out = bench(
+        &model,
+        &[
+            "-r",
+            "3",
+            "--modes",
+            "import,copy",
+            "--sync-each-layer",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("import/copy") && stdout.contains("decode tok/s"),
+        "{stdout}"
+    );
+
+    let j = read_json(&json);
+    assert_eq!(
+        j["file_size"].as_u64(),
+        Some(std::fs::metadata(&model).unwrap().len())
+    );
+    assert_eq!(j["alignment"].as_u64(), Some(32));
+    assert_eq!(j["model"].as_str(), model.to_str());
+    assert!(
+        j["device"].is_string(),
+        "device from the children's stats: {}",
+        j["device"]
+    );
+    assert!(j.get("driver").is_some());
+    for arm in ["import", "copy", "import+sync"] {
+        assert!(
+            j["weights_path"][arm].is_string(),
+            "weights_path.{arm} in {}",
+            j["weights_path"]
+        );
+        let runs = runs(&j, arm);
+        assert_eq!(runs.len(), 3, "three repetitions of {arm}");
+        for r in runs {
+            for key in RUN_KEYS {
+                assert!(r.get(*key).is_some(), "{arm} run lacks {key}: {r}");
+            }
+            assert_eq!(r["peak_rss_kb"], r["vm_hwm_kb"]);
+            assert!(f(&r["peak_rss_kb"]) > 0.0);
+            assert_eq!(r["n_prompt"], 6);
+            assert_eq!(r["n_generated"], 3, "--ignore-eos keeps every run to -n");
+        }
+    }
+    // Same prompt and (greedy) same tokens in every run.
+    let first = &runs(&j, "import")[0];
+    for arm in ["import", "copy", "import+sync"] {
+        for r in runs(&j, arm) {
+            assert_eq!(r["prompt_ids"], first["prompt_ids"]);
+            assert_eq!(r["generated_ids"], first["generated_ids"]);
+        }
+    }
+    // A B C A B C ...: a run's place in the schedule is 3 * repetition + arm.
+    for (a, arm) in ["import", "copy", "import+sync"].iter().enumerate() {
+        let seqs: Vec<u64> = runs(&j, arm)
+            .iter()
+            .map(|r| r["bench"]["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            seqs,
+            vec![a as u64, 3 + a as u64, 6 + a as u64],
+            "{arm} ran out of turn"
+        );
+    }
+    // The summary's ratio is the median of run-by-run ratios, recomputed here.
+    for key in [
+        "load_ms",
+        "decode_tok_s",
+        "prefill_tok_s",
+        "peak_rss_kb",
+        "pss_kb",
+    ] {
+        let by_rep = |arm: &str| -> Vec<(u64, f64)> {
+            runs(&j, arm)
+                .iter()
+                .map(|r| (r["bench"]["repetition"].as_u64().unwrap(), f(&r[key])))
+                .collect()
+        };
+        let (a, b) = (by_rep("import"), by_rep("copy"));
+        let ratios: Vec<f64> = a
+            .iter()
+            .map(|(rep, x)| x / b.iter().find(|(r, _)| r == rep).unwrap().1)
+            .collect();
+        let got = f(&j["summary"]["ratios"]["import/copy"][key]["median"]);
+        let want = median(ratios);
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+            "{key}: summary {got}, pairs give {want}"
+        );
+        let spread = &j["summary"]["arms"]["copy"][key];
+        let values: Vec<f64> = b.iter().map(|(_, v)| *v).collect();
+        assert_eq!(f(&spread["median"]), median(values.clone()), "{key}");
+        assert_eq!(
+            f(&spread["min"]),
+            values.iter().copied().fold(f64::INFINITY, f64::min)
+        );
+        assert_eq!(
+            f(&spread["max"]),
+            values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        );
+    }
+    assert!(j["summary"]["ratios"]["import+sync/import"]["decode_tok_s"]["median"].is_number());
+    assert!(j["summary"]["differences"]["import-copy"]["rss_anon_kb"]["median"].is_number());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn procs_meet_at_the_barrier_and_report_shared_memory() {
+    let dir = scratch("procs");
+    let model = tiny_model(&dir);
+    let json = dir.join("procs.json");
+    let stdout = ok(&bench(
+        &model,
+        &["-r", "1", "--procs", "2", "--json", json.to_str().unwrap()],
+    ));
+    assert!(
+        stdout.contains("--procs 2") && stdout.contains("sum of Pss"),
+        "{stdout}"
+    );
+    let j = read_json(&json);
+    for arm in ["import", "copy"] {
+        let runs = runs(&j, arm);
+        assert_eq!(runs.len(), 2, "two processes of {arm}");
+        let pids: Vec<u64> = runs
+            .iter()
+            .map(|r| r["bench"]["pid"].as_u64().unwrap())
+            .collect();
+        assert_ne!(pids[0], pids[1]);
+        let g = &j["arms"][arm]["groups"][0];
+        assert_eq!(g["all_reached_barrier"], true, "{g}");
+        assert_eq!(g["failed"], 0);
+        assert!(
+            g["mem_available_before_kb"].is_u64() && g["mem_available_loaded_kb"].is_u64(),
+            "{g}"
+        );
+        let sum: f64 = runs.iter().map(|r| f(&r["pss_kb"])).sum();
+        assert_eq!(f(&g["sum_pss_kb"]), sum, "sum of Pss over the group");
+        assert_eq!(
+            g["per_process_decode_tok_s"].as_array().map(Vec::len),
+            Some(2)
+        );
+        let s = &j["summary"]["procs"][0];
+        assert_eq!(s["procs"], 2);
+        assert_eq!(f(&s["arms"][arm]["sum_pss_kb"]["median"]), sum);
+        assert_eq!(s["arms"][arm]["failures"], 0);
+        assert!(s["arms"][arm]["per_process_decode_tok_s"]["median"].is_number());
+        assert!(s["arms"][arm]["mem_available_drop_kb"]["median"].is_number());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn on_tmpfs(path: &Path) -> bool {
+    let canon = path.canonicalize().unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best = (0, false);
+    for line in mounts.lines() {
+        let v: Vec<&str> = line.split_whitespace().collect();
+        if v.len() > 2 && canon.starts_with(v[1]) && v[1].len() >= best.0 {
+            best = (v[1].len(), v[2] == "tmpfs" || v[2] == "ramfs");
+        }
+    }
+    best.1
+}
+
+#[test]
+fn cold_evicts_before_each_run_and_plot_writes_an_svg() {
+    let dir = scratch("cold");
+    let model = tiny_model(&dir);
+    let json = dir.join("cold.json");
+    let svg = dir.join("ab.svg");
+    let out = bench(
+        &model,
+        &[
+            "-r",
+            "2",
+            "--cold",
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+    );
+    ok(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("evicted"),
+        "--cold says so"
+    );
+    let j = read_json(&json);
+    assert_eq!(j["config"]["cold"], true);
+    for arm in ["import", "copy"] {
+        for r in runs(&j, arm) {
+            assert_eq!(r["bench"]["evicted_before"], true);
+            let frac = f(&r["bench"]["file_resident_at_start_fraction"]);
+            if !on_tmpfs(&model) {
+                assert!(
+                    frac < 0.5,
+                    "{frac} of the model still resident after eviction"
+                );
+            }
+            // The child read the model: it is resident by the time it measured.
+            assert!(f(&r["file_resident_bytes"]) > 0.0);
+        }
+    }
+    let text = std::fs::read_to_string(&svg).expect("the SVG exists");
+    assert!(
+        text.trim_start().starts_with("<svg"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    assert!(text.trim_end().ends_with("</svg>"));
+    for needle in [
+        "decode tok/s",
+        "memory per process",
+        "RssAnon",
+        ">\nimport\n<",
+        ">\ncopy\n<",
+        "<rect",
+    ] {
+        assert!(text.contains(needle), "the plot lacks {needle:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn procs_plot_has_pss_versus_n() {
+    let dir = scratch("procs-plot");
+    let model = tiny_model(&dir);
+    let svg = dir.join("procs.svg");
+    ok(&bench(
+        &model,
+        &["-r", "1", "--procs", "1,2", "--plot", svg.to_str().unwrap()],
+    ));
+    let text = std::fs::read_to_string(&svg).expect("the SVG exists");
+    assert!(
+        text.contains("sum of Pss over N processes"),
+        "no Pss-vs-N panel"
+    );
+    assert!(text.contains("<polyline"), "no line series");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_failing_child_is_reported_with_its_stderr_not_a_panic() {
+    let dir = scratch("fail");
+    let model = tiny_model(&dir);
+    let json = dir.join("fail.json");
+    let out = bench(
+        &model,
+        &[
+            "-r",
+            "1",
+            "--procs",
+            "2",
+            "--child-arg=--no-such-flag",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "failed runs make the bench fail:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("FAILED: exited with status 2"), "{stderr}");
+    assert!(
+        stderr.contains("--no-such-flag"),
+        "the child's stderr tail is shown:\n{stderr}"
+    );
+    assert!(stderr.contains("4 of 4 runs failed"), "{stderr}");
+    let j = read_json(&json);
+    for arm in ["import", "copy"] {
+        assert_eq!(runs(&j, arm).len(), 0);
+        let failures = j["arms"][arm]["failures"]
+            .as_array()
+            .expect("failures array");
+        assert_eq!(failures.len(), 2);
+        assert_eq!(failures[0]["exit_code"], 2);
+        assert!(failures[0]["stderr_tail"]
+            .as_str()
+            .unwrap()
+            .contains("--no-such-flag"));
+        assert_eq!(j["summary"]["arms"][arm]["failures"], 2);
+        assert_eq!(j["arms"][arm]["groups"][0]["all_reached_barrier"], false);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    let dir = scratch("args");
+    let missing = dir.join("missing.gguf");
+    let out = bench(&missing, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("missing.gguf"), "{stderr}");
+    let model = tiny_model(&dir);
+    for (args, msg) in [
+        (&["-r", "0"][..], "repetitions"),
+        (&["--procs", "0"][..], "--procs"),
+    ] {
+        let out = bench(&model, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(msg) && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
