@@ -1,0 +1,176 @@
+//! Recording the forward pass into a command buffer. Reads top to bottom, as llama2.c's
+//! `forward()`: embedding → per layer (qkv, attention, output + residual, gate/up,
+//! down + residual) → logits (final norm folded in) → argmax. One global barrier between
+//! dependent dispatches; no host wait anywhere in here.
+
+use vk::{CommandBuffer, QueryPool};
+
+use crate::kernels::{self, AttentionPush, MatmulPush};
+use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
+use crate::session::Activations;
+use crate::EngineError;
+use reference::Config;
+
+/// What the end of the pass produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Nothing (a prompt chunk that is not the last).
+    None,
+    /// Logits of the last token and their argmax.
+    LogitsArgmax,
+}
+
+/// Records dispatches for a batch of `n_tok` tokens at positions `pos0..pos0+n_tok`
+/// (`pos0` and the token ids are read from the step buffer at run time).
+pub struct Recorder<'a> {
+    pub cmd: &'a mut CommandBuffer,
+    pub kernels: &'a kernels::Kernels,
+    pub model: &'a GpuModel,
+    pub acts: &'a Activations,
+    pub cfg: &'a Config,
+    pub ctx_len: usize,
+    pub n_tok: u32,
+    pub batch: Batch,
+    /// Timestamp after every dispatch, and the dispatch names, when profiling.
+    pub profile: Option<(&'a QueryPool, &'a mut Vec<String>)>,
+}
+
+impl Recorder<'_> {
+    /// The whole pass; `dump` copies the residual after every layer into `layer_dump`.
+    pub fn forward(&mut self, head: Head, dump: bool) -> Result<(), EngineError> {
+        self.begin_profile();
+        self.embed()?;
+        for l in 0..self.model.layers.len() {
+            self.layer(l)?;
+            if dump {
+                self.dump_residual(l);
+            }
+        }
+        if head == Head::LogitsArgmax {
+            self.logits_argmax()?;
+        }
+        Ok(())
+    }
+
+    /// Resets the timestamp queries and writes the first one.
+    pub fn begin_profile(&mut self) {
+        if let Some((pool, names)) = self.profile.as_mut() {
+            names.clear();
+            self.cmd.reset_queries(pool, 0, pool.count());
+            self.cmd.timestamp(pool, 0);
+        }
+    }
+
+    /// x[t] = token_embd[tokens[t]]
+    pub fn embed(&mut self) -> Result<(), EngineError> {
+        let e = &self.model.embed;
+        let p = self.kernels.embed_ref(e.ty).ok_or_else(|| missing("embed"))?;
+        let mut push = e.push;
+        push.n_tok = self.n_tok;
+        let chunks = self.cfg.dim.div_ceil(kernels::CHUNK) as u32;
+        self.cmd.dispatch(p, &e.set, bytemuck::bytes_of(&push), [chunks.div_ceil(kernels::EMBED_WG), self.n_tok, 1]);
+        self.after("embed");
+        Ok(())
+    }
+
+    /// One decoder layer.
+    pub fn layer(&mut self, l: usize) -> Result<(), EngineError> {
+        let model = self.model;
+        let layer = &model.layers[l];
+        // q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] = Wv·rmsnorm(x)
+        self.matmuls(&layer.qkv)?;
+        // att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos
+        let push = AttentionPush {
+            n_heads: self.cfg.n_heads as u32,
+            n_kv_heads: self.cfg.n_kv_heads as u32,
+            head_dim: self.cfg.head_dim as u32,
+            ctx: self.ctx_len as u32,
+            scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
+            pad: 0,
+        };
+        self.cmd.dispatch(
+            &self.kernels.attention,
+            &layer.attention,
+            bytemuck::bytes_of(&push),
+            [self.cfg.n_heads as u32, self.n_tok, 1],
+        );
+        self.after_named(|| format!("blk.{l}.attention"));
+        // x += Wo·att_out
+        self.matmuls(&layer.attn_output)?;
+        // hb = silu(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x))
+        self.matmuls(&layer.gate_up)?;
+        // x += Wdown·hb
+        self.matmuls(&layer.ffn_down)?;
+        Ok(())
+    }
+
+    /// logits = Wout·rmsnorm(x[last]); result = argmax(logits)
+    pub fn logits_argmax(&mut self) -> Result<(), EngineError> {
+        let model = self.model;
+        self.matmuls(&model.logits)?;
+        let push = kernels::ArgmaxPush { n: self.cfg.vocab_size as u32 };
+        self.cmd.dispatch(&self.kernels.argmax, &self.model.argmax, bytemuck::bytes_of(&push), [1, 1, 1]);
+        self.after("argmax");
+        self.cmd.host_barrier();
+        Ok(())
+    }
+
+    /// Copies the residual of every token into row `l` of `layer_dump`.
+    fn dump_residual(&mut self, l: usize) {
+        let row = (self.acts.max_batch * self.cfg.dim * 4) as u64;
+        let n = u64::from(self.n_tok) * (self.cfg.dim * 4) as u64;
+        self.cmd.copy_buffer(self.acts.x.raw(), self.acts.layer_dump.raw(), &[(0, l as u64 * row, n)]);
+        self.cmd.barrier();
+    }
+
+    /// The dispatches of one fused matmul (several only for split or mixed-type weights;
+    /// they write disjoint rows, so no barrier between them).
+    fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
+        for call in calls {
+            let key = matmul_key(call, self.batch, self.model.neox, self.model.head_dim);
+            let p = self.kernels.matmul_ref(&key).ok_or_else(|| missing(&call.name))?;
+            let (n_tok, x_tok0) = if call.last_token_only { (1, self.n_tok - 1) } else { (self.n_tok, 0) };
+            let mut push = MatmulPush {
+                n_tok,
+                x_tok0,
+                ncols: call.ncols,
+                x_ld: call.x_ld,
+                out_ld: call.out_ld,
+                kv_ld: self.cfg.kv_dim() as u32,
+                head_dim: self.cfg.head_dim as u32,
+                eps: self.cfg.rms_eps,
+                aux_ofs: call.aux_ofs,
+                ..MatmulPush::default()
+            };
+            let groups = kernels::matmul_layout(&key, &mut push, &call.slots);
+            self.cmd.dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
+            if let Some((pool, names)) = self.profile.as_mut() {
+                if (names.len() as u32) + 1 < pool.count() {
+                    names.push(call.name.clone());
+                    self.cmd.timestamp(pool, names.len() as u32);
+                }
+            }
+        }
+        self.cmd.barrier();
+        Ok(())
+    }
+
+    fn after(&mut self, name: &str) {
+        self.after_named(|| name.to_string());
+    }
+
+    /// Barrier after a dispatch (and a timestamp when profiling).
+    fn after_named(&mut self, name: impl FnOnce() -> String) {
+        if let Some((pool, names)) = self.profile.as_mut() {
+            if (names.len() as u32) + 1 < pool.count() {
+                names.push(name());
+                self.cmd.timestamp(pool, names.len() as u32);
+            }
+        }
+        self.cmd.barrier();
+    }
+}
+
+fn missing(what: &str) -> EngineError {
+    EngineError::Unsupported(format!("internal: no pipeline was created for `{what}`"))
+}

@@ -1,0 +1,325 @@
+//! The host side of the decode kernels in `shaders/`: push-constant blocks (each the
+//! `#[repr(C)]` twin of a GLSL block, size-asserted), specialisation choices, and the
+//! pipelines the forward pass uses, created and owned in one place.
+//!
+//! Kernels (one `.comp` each; CPU twins in `reference::kernels`):
+//! - `embed.comp`: embedding row gather, dequantised in registers;
+//! - `matmul.comp`: `Y = W·X` over a batch of tokens, weights read in place from the GGUF
+//!   blocks (Q8_0, Q4_0, Q4_1, F16, F32), with the fusions of DESIGN.md selected by
+//!   specialisation constants: rmsnorm folded into the input, and the output stored, added
+//!   to the residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
+//! - `attention.comp`: causal GQA attention of a batch over the KV cache;
+//! - `argmax.comp`: the greedy token on the GPU.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use gguf::GgmlType;
+use vk::{Kernel, Pipeline, PipelineDesc};
+
+use crate::EngineError;
+
+/// Columns per chunk of `matmul.comp` / `embed.comp`: rows must be a multiple of this.
+pub const CHUNK: usize = 64;
+/// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
+pub const STEP_FREQS_MAX: usize = 128;
+/// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
+pub const MAX_REDUCE_WG: u32 = 256;
+
+/// Header of the step buffer (GLSL twin: `STEP_BUFFER` in `shaders/include/step.glsl`),
+/// followed by `STEP_FREQS_MAX` f32 rope frequencies and the batch's token ids.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct StepHeader {
+    /// Position of the batch's first token.
+    pub pos0: u32,
+    pub pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<StepHeader>() == 16);
+/// Byte offset of the token ids in the step buffer.
+pub const STEP_TOKENS_OFFSET: u64 = 16 + 4 * STEP_FREQS_MAX as u64;
+
+/// Push constants of `matmul.comp` (GLSL twin: `shaders/include/matmul_push.glsl`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable, PartialEq)]
+pub struct MatmulPush {
+    pub n_tok: u32,
+    pub x_tok0: u32,
+    pub ncols: u32,
+    pub x_ld: u32,
+    pub out_ld: u32,
+    pub kv_ld: u32,
+    pub head_dim: u32,
+    pub eps: f32,
+    /// Cumulative workgroup ends of views 0, 1, 2.
+    pub tiles: [u32; 4],
+    pub nrows: [u32; 4],
+    /// Word offset of each view's first row inside its binding.
+    pub wofs: [u32; 4],
+    /// Global row of each view's first row.
+    pub orow: [u32; 4],
+    /// Float offset of the norm weight inside the aux binding.
+    pub aux_ofs: u32,
+}
+const _: () = assert!(std::mem::size_of::<MatmulPush>() == 100);
+
+/// Push constants of `embed.comp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct EmbedPush {
+    pub ncols: u32,
+    pub out_ld: u32,
+    pub n_tok: u32,
+    pub pad: u32,
+    /// Rows `[part_end[v-1], part_end[v])` live in binding `v`.
+    pub part_end: [u32; 4],
+    pub wofs: [u32; 4],
+}
+const _: () = assert!(std::mem::size_of::<EmbedPush>() == 48);
+
+/// Push constants of `attention.comp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttentionPush {
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// Positions the cache holds (row stride of the score scratch).
+    pub ctx: u32,
+    pub scale: f32,
+    pub pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<AttentionPush>() == 24);
+
+/// Push constants of `argmax.comp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct ArgmaxPush {
+    pub n: u32,
+}
+
+/// How `matmul.comp` reads its input (spec constant `IN_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InMode {
+    /// `X` as is.
+    Plain = 0,
+    /// `rmsnorm(X) ⊙ aux` (aux = the norm weight), the scale computed per token.
+    RmsNorm = 1,
+}
+
+/// What `matmul.comp` does with its result (spec constant `OUT_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutMode {
+    /// `out0 = Y`.
+    Store = 0,
+    /// `out0 += Y` (the residual add).
+    Add = 1,
+    /// Views q, k, v: rope q and k; q to out0, k and v to the caches (out1, out2) at
+    /// position `pos0 + t`.
+    Qkv = 2,
+    /// Views gate, up: `out0 = silu(gate·x) * (up·x)`.
+    Glu = 3,
+}
+
+/// One `matmul.comp` pipeline: weight type and specialisation constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulKey {
+    pub wtype: GgmlType,
+    pub in_mode: InMode,
+    pub out_mode: OutMode,
+    pub neox: bool,
+    pub n_views: u32,
+    /// Invocations per workgroup.
+    pub wg: u32,
+    /// Row pairs per invocation.
+    pub pairs: u32,
+    /// Tokens per invocation.
+    pub tb: u32,
+}
+
+impl MatmulKey {
+    /// Output rows one workgroup covers.
+    pub fn tile_rows(&self) -> u32 {
+        match self.out_mode {
+            OutMode::Glu => self.wg * self.pairs,
+            _ => 2 * self.wg * self.pairs,
+        }
+    }
+}
+
+/// Which weight rows a matmul slot (binding 0, 1 or 2) holds in one dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub slot: usize,
+    pub nrows: u32,
+    /// Word offset of the first row inside the binding.
+    pub wofs: u32,
+    /// Global row index of the first row.
+    pub orow: u32,
+}
+
+/// Fills the per-view fields of `push` for `slots` and returns the workgroup counts of a
+/// dispatch of `key` over `push.n_tok` tokens.
+pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> [u32; 3] {
+    let tile = key.tile_rows();
+    let mut counts = [0u32; 3];
+    for s in slots {
+        counts[s.slot] = s.nrows.div_ceil(tile);
+        push.nrows[s.slot] = s.nrows;
+        push.wofs[s.slot] = s.wofs;
+        push.orow[s.slot] = s.orow;
+    }
+    push.tiles = [counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2], 0];
+    [push.tiles[2], push.n_tok.div_ceil(key.tb), 1]
+}
+
+/// Whether the matmul and embedding kernels read this weight type.
+pub fn supported_weight_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32)
+}
+
+fn matmul_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
+    Ok(match ty {
+        GgmlType::Q8_0 => Kernel::MatmulQ8_0,
+        GgmlType::Q4_0 => Kernel::MatmulQ4_0,
+        GgmlType::Q4_1 => Kernel::MatmulQ4_1,
+        GgmlType::F16 => Kernel::MatmulF16,
+        GgmlType::F32 => Kernel::MatmulF32,
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "weights of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
+                other.name()
+            )))
+        }
+    })
+}
+
+fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
+    Ok(match ty {
+        GgmlType::Q8_0 => Kernel::EmbedQ8_0,
+        GgmlType::Q4_0 => Kernel::EmbedQ4_0,
+        GgmlType::Q4_1 => Kernel::EmbedQ4_1,
+        GgmlType::F16 => Kernel::EmbedF16,
+        GgmlType::F32 => Kernel::EmbedF32,
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
+                other.name()
+            )))
+        }
+    })
+}
+
+/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step.
+pub const MATMUL_BINDINGS: u32 = 9;
+/// Bindings of `embed.comp`: w0, w1, w2, x, step.
+pub const EMBED_BINDINGS: u32 = 5;
+/// Bindings of `attention.comp`: q, k cache, v cache, scores, out, step.
+pub const ATTENTION_BINDINGS: u32 = 6;
+/// Bindings of `argmax.comp`: logits, result.
+pub const ARGMAX_BINDINGS: u32 = 2;
+
+/// Workgroup size of `embed.comp`.
+pub const EMBED_WG: u32 = 8;
+/// Workgroup size of `attention.comp`.
+pub const ATTENTION_WG: u32 = 8;
+/// Workgroup size of `argmax.comp`.
+pub const ARGMAX_WG: u32 = 64;
+
+/// Every pipeline, created once (the set is small: a handful per weight type present).
+pub struct Kernels {
+    ctx: Arc<vk::Context>,
+    matmul: HashMap<MatmulKey, Pipeline>,
+    embed: HashMap<GgmlType, Pipeline>,
+    pub attention: Pipeline,
+    pub argmax: Pipeline,
+}
+
+impl Kernels {
+    pub fn new(ctx: &Arc<vk::Context>) -> Result<Kernels, EngineError> {
+        let attention = Pipeline::new(
+            ctx,
+            &PipelineDesc {
+                kernel: Kernel::Attention,
+                n_bindings: ATTENTION_BINDINGS,
+                push_size: std::mem::size_of::<AttentionPush>() as u32,
+                spec: vec![ATTENTION_WG],
+            },
+        )?;
+        let argmax = Pipeline::new(
+            ctx,
+            &PipelineDesc {
+                kernel: Kernel::Argmax,
+                n_bindings: ARGMAX_BINDINGS,
+                push_size: std::mem::size_of::<ArgmaxPush>() as u32,
+                spec: vec![ARGMAX_WG],
+            },
+        )?;
+        Ok(Kernels { ctx: Arc::clone(ctx), matmul: HashMap::new(), embed: HashMap::new(), attention, argmax })
+    }
+
+    /// The matmul pipeline for `key`, created on first request.
+    pub fn matmul(&mut self, key: MatmulKey) -> Result<&Pipeline, EngineError> {
+        if !self.matmul.contains_key(&key) {
+            let p = Pipeline::new(
+                &self.ctx,
+                &PipelineDesc {
+                    kernel: matmul_kernel(key.wtype)?,
+                    n_bindings: MATMUL_BINDINGS,
+                    push_size: std::mem::size_of::<MatmulPush>() as u32,
+                    spec: vec![
+                        key.wg,
+                        key.pairs,
+                        key.tb,
+                        key.in_mode as u32,
+                        key.out_mode as u32,
+                        u32::from(key.neox),
+                        key.n_views,
+                    ],
+                },
+            )?;
+            self.matmul.insert(key, p);
+        }
+        Ok(&self.matmul[&key])
+    }
+
+    /// A matmul pipeline created earlier by [`Kernels::matmul`].
+    pub fn matmul_ref(&self, key: &MatmulKey) -> Option<&Pipeline> {
+        self.matmul.get(key)
+    }
+
+    /// The embedding pipeline for a table of type `ty`, created on first request.
+    pub fn embed(&mut self, ty: GgmlType) -> Result<&Pipeline, EngineError> {
+        if !self.embed.contains_key(&ty) {
+            let p = Pipeline::new(
+                &self.ctx,
+                &PipelineDesc {
+                    kernel: embed_kernel(ty)?,
+                    n_bindings: EMBED_BINDINGS,
+                    push_size: std::mem::size_of::<EmbedPush>() as u32,
+                    spec: vec![EMBED_WG],
+                },
+            )?;
+            self.embed.insert(ty, p);
+        }
+        Ok(&self.embed[&ty])
+    }
+
+    pub fn embed_ref(&self, ty: GgmlType) -> Option<&Pipeline> {
+        self.embed.get(&ty)
+    }
+
+    /// How many pipelines exist.
+    pub fn count(&self) -> usize {
+        self.matmul.len() + self.embed.len() + 2
+    }
+}
+
+/// Rope frequencies `base^(-2i/head_dim)` for `i < head_dim/2`, computed in f64 as
+/// `reference::kernels::rope` does, so GPU and reference angles agree.
+pub fn rope_freqs(base: f32, head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| f64::from(base).powf(-2.0 * i as f64 / head_dim as f64) as f32)
+        .collect()
+}

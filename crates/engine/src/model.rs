@@ -1,0 +1,440 @@
+//! The Llama graph bound to the GPU: for every dispatch of a token, the weight views,
+//! activation buffers and the descriptor set that ties them together, built once at load.
+//!
+//! Per layer (DESIGN.md, "Decode"), five dispatches:
+//! 1. `qkv`: rmsnorm(x, attn_norm) folded into the input of q/k/v (one dispatch over three
+//!    weight views); rope on q and k; k and v written into the cache row of their position;
+//! 2. `attention`: causal GQA attention over the cache;
+//! 3. `attn_output`: x += Wo · attention output;
+//! 4. `gate_up`: rmsnorm(x, ffn_norm) folded in; silu(gate) · up in the epilogue;
+//! 5. `ffn_down`: x += Wdown · hb.
+//!
+//! plus the embedding gather first, and the logits (output_norm folded in) and argmax last.
+
+use gguf::GgmlType;
+use reference::{Arch, Config, RopeMode};
+use vk::{BufferBinding, DescriptorSet};
+
+use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
+use crate::residency::{TensorView, Weights};
+use crate::session::Activations;
+use crate::EngineError;
+
+/// Workgroup shape of one kind of batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub wg: u32,
+    pub pairs: u32,
+    pub tb: u32,
+}
+
+/// One token at a time (decode) vs a batch of prompt tokens (prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    Decode,
+    Prefill,
+}
+
+/// Decode: 8 lanes × 4 row pairs = 64 rows per workgroup, one token.
+pub const DECODE_SHAPE: MatmulShape = MatmulShape { wg: 8, pairs: 4, tb: 1 };
+/// Prefill: each weight chunk loaded is used for 4 tokens.
+pub const PREFILL_SHAPE: MatmulShape = MatmulShape { wg: 8, pairs: 4, tb: 4 };
+
+/// One `matmul.comp` dispatch (per batch kind the pipeline differs only in shape).
+pub struct MatmulCall {
+    pub name: String,
+    pub set: DescriptorSet,
+    pub slots: Vec<Slot>,
+    pub wtype: GgmlType,
+    pub in_mode: InMode,
+    pub out_mode: OutMode,
+    pub n_views: u32,
+    pub ncols: u32,
+    pub x_ld: u32,
+    pub out_ld: u32,
+    pub aux_ofs: u32,
+    /// Reads only the last token of the batch (the logits).
+    pub last_token_only: bool,
+}
+
+/// The dispatches of one decoder layer.
+pub struct LayerCalls {
+    pub qkv: Vec<MatmulCall>,
+    pub attention: DescriptorSet,
+    pub attn_output: Vec<MatmulCall>,
+    pub gate_up: Vec<MatmulCall>,
+    pub ffn_down: Vec<MatmulCall>,
+}
+
+/// The embedding gather.
+pub struct EmbedCall {
+    pub set: DescriptorSet,
+    pub ty: GgmlType,
+    pub push: kernels::EmbedPush,
+}
+
+/// The whole graph, bound.
+pub struct GpuModel {
+    pub embed: EmbedCall,
+    pub layers: Vec<LayerCalls>,
+    pub logits: Vec<MatmulCall>,
+    pub argmax: DescriptorSet,
+    /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
+    pub neox: bool,
+    pub head_dim: u32,
+}
+
+/// The matmul pipeline key of `call` for a batch kind.
+pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
+    key_of(call.wtype, call.in_mode, call.out_mode, call.n_views, call.last_token_only, batch, neox, head_dim)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn key_of(
+    wtype: GgmlType,
+    in_mode: InMode,
+    out_mode: OutMode,
+    n_views: u32,
+    last_token_only: bool,
+    batch: Batch,
+    neox: bool,
+    head_dim: u32,
+) -> MatmulKey {
+    let shape = match batch {
+        Batch::Prefill if !last_token_only => PREFILL_SHAPE,
+        _ => DECODE_SHAPE,
+    };
+    let mut pairs = shape.pairs;
+    let qkv_neox = out_mode == OutMode::Qkv && neox;
+    if qkv_neox {
+        // a workgroup must hold whole heads so that both rows of a pair are its own
+        pairs = (head_dim / (2 * shape.wg)).max(1);
+    }
+    MatmulKey { wtype, in_mode, out_mode, neox: qkv_neox, n_views, wg: shape.wg, pairs, tb: shape.tb }
+}
+
+fn to_u32(v: u64, what: &str) -> Result<u32, EngineError> {
+    u32::try_from(v).map_err(|_| EngineError::Unsupported(format!("{what} = {v} does not fit in 32 bits")))
+}
+
+/// A 2-D weight the matmul kernels can read: `rows` rows of `cols` elements.
+fn matrix<'w>(weights: &'w Weights, name: &str, rows: usize, cols: usize) -> Result<&'w TensorView, EngineError> {
+    let v = weights
+        .view(name)
+        .ok_or_else(|| EngineError::Tensor { name: name.into(), why: "missing from the model".into() })?;
+    let want = [cols as u64, rows as u64];
+    if v.shape.as_slice() != want {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: format!("shape {:?}, the metadata implies {:?}", v.shape, want),
+        });
+    }
+    if !kernels::supported_weight_type(v.ty) {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: format!("type {} is not read by the GPU kernels (Q8_0, Q4_0, Q4_1, F16, F32 are)", v.ty.name()),
+        });
+    }
+    if cols % CHUNK != 0 {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: format!("rows of {cols} elements: the GPU kernels need a multiple of {CHUNK}"),
+        });
+    }
+    for p in &v.parts {
+        if p.byte_offset % 4 != 0 {
+            return Err(EngineError::Tensor {
+                name: name.into(),
+                why: format!("part at byte offset {} is not 4-byte aligned", p.byte_offset),
+            });
+        }
+    }
+    Ok(v)
+}
+
+/// An F32 vector of `n` elements (a norm weight) bound whole: binding and float offset.
+fn vector(weights: &Weights, name: &str, n: usize) -> Result<(BufferBinding, u32), EngineError> {
+    let v = weights
+        .view(name)
+        .ok_or_else(|| EngineError::Tensor { name: name.into(), why: "missing from the model".into() })?;
+    if v.ty != GgmlType::F32 || v.shape.as_slice() != [n as u64] || v.parts.len() != 1 {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: format!("expected one F32 part of shape [{n}], found {} {:?} in {} part(s)", v.ty.name(), v.shape, v.parts.len()),
+        });
+    }
+    let p = &v.parts[0];
+    if p.byte_offset % 4 != 0 {
+        return Err(EngineError::Tensor { name: name.into(), why: "not 4-byte aligned".into() });
+    }
+    Ok((p.binding, to_u32(p.byte_offset / 4, "norm offset")?))
+}
+
+/// What one fused matmul reads and writes, before it is split into calls.
+struct MatmulSpec<'a> {
+    name: String,
+    views: Vec<&'a TensorView>,
+    in_mode: InMode,
+    out_mode: OutMode,
+    n_views: u32,
+    x: BufferBinding,
+    x_ld: usize,
+    aux: Option<(BufferBinding, u32)>,
+    outs: [Option<BufferBinding>; 3],
+    out_ld: usize,
+    last_token_only: bool,
+}
+
+impl GpuModel {
+    /// Binds every dispatch and creates every pipeline they need.
+    pub fn build(cfg: &Config, weights: &Weights, acts: &Activations, kernels: &mut Kernels) -> Result<GpuModel, EngineError> {
+        if cfg.arch != Arch::Llama && cfg.arch != Arch::Qwen2 {
+            return Err(EngineError::Unsupported(format!("architecture {}", cfg.arch.name())));
+        }
+        if cfg.arch == Arch::Qwen2 {
+            return Err(EngineError::Unsupported(
+                "architecture qwen2 (q/k/v biases) on the GPU: only llama is wired so far".into(),
+            ));
+        }
+        let neox = cfg.rope_mode == RopeMode::Neox;
+        let hd = cfg.head_dim;
+        if hd % 2 != 0 || hd / 2 > kernels::STEP_FREQS_MAX || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "head_dim {hd} with {} heads and {} kv heads (need an even head_dim <= {} and n_heads a multiple of n_kv_heads)",
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                2 * kernels::STEP_FREQS_MAX
+            )));
+        }
+        if neox && hd % 16 != 0 {
+            return Err(EngineError::Unsupported(format!("neox rope with head_dim {hd} (a multiple of 16 is needed)")));
+        }
+        let (dim, hidden, q_dim, kv_dim) = (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
+        let dummy = acts.dummy.binding();
+        let head_dim = to_u32(hd as u64, "head_dim")?;
+
+        let embed_view = matrix(weights, "token_embd.weight", cfg.vocab_size, dim)?;
+        let embed = embed_call(embed_view, acts, kernels, dim)?;
+
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let t = |s: &str| format!("blk.{l}.{s}.weight");
+            let q = matrix(weights, &t("attn_q"), q_dim, dim)?;
+            let k = matrix(weights, &t("attn_k"), kv_dim, dim)?;
+            let v = matrix(weights, &t("attn_v"), kv_dim, dim)?;
+            let o = matrix(weights, &t("attn_output"), dim, q_dim)?;
+            let gate = matrix(weights, &t("ffn_gate"), hidden, dim)?;
+            let up = matrix(weights, &t("ffn_up"), hidden, dim)?;
+            let down = matrix(weights, &t("ffn_down"), dim, hidden)?;
+            let attn_norm = vector(weights, &t("attn_norm"), dim)?;
+            let ffn_norm = vector(weights, &t("ffn_norm"), dim)?;
+            let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
+
+            let qkv = MatmulSpec {
+                name: format!("blk.{l}.qkv"),
+                views: vec![q, k, v],
+                in_mode: InMode::RmsNorm,
+                out_mode: OutMode::Qkv,
+                n_views: 3,
+                x: acts.x.binding(),
+                x_ld: dim,
+                aux: Some(attn_norm),
+                outs: [Some(acts.q.binding()), Some(kc), Some(vc)],
+                out_ld: q_dim,
+                last_token_only: false,
+            };
+            let attention = kernels.attention.descriptor_set(&[
+                acts.q.binding(),
+                kc,
+                vc,
+                acts.scores.binding(),
+                acts.att_out.binding(),
+                acts.step.binding(),
+            ])?;
+            let attn_output = MatmulSpec {
+                name: format!("blk.{l}.attn_output"),
+                views: vec![o],
+                in_mode: InMode::Plain,
+                out_mode: OutMode::Add,
+                n_views: 1,
+                x: acts.att_out.binding(),
+                x_ld: q_dim,
+                aux: None,
+                outs: [Some(acts.x.binding()), None, None],
+                out_ld: dim,
+                last_token_only: false,
+            };
+            let gate_up = MatmulSpec {
+                name: format!("blk.{l}.gate_up"),
+                views: vec![gate, up],
+                in_mode: InMode::RmsNorm,
+                out_mode: OutMode::Glu,
+                n_views: 2,
+                x: acts.x.binding(),
+                x_ld: dim,
+                aux: Some(ffn_norm),
+                outs: [Some(acts.hb.binding()), None, None],
+                out_ld: hidden,
+                last_token_only: false,
+            };
+            let ffn_down = MatmulSpec {
+                name: format!("blk.{l}.ffn_down"),
+                views: vec![down],
+                in_mode: InMode::Plain,
+                out_mode: OutMode::Add,
+                n_views: 1,
+                x: acts.hb.binding(),
+                x_ld: hidden,
+                aux: None,
+                outs: [Some(acts.x.binding()), None, None],
+                out_ld: dim,
+                last_token_only: false,
+            };
+            let mut build = |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, neox, head_dim);
+            layers.push(LayerCalls {
+                qkv: build(qkv)?,
+                attention,
+                attn_output: build(attn_output)?,
+                gate_up: build(gate_up)?,
+                ffn_down: build(ffn_down)?,
+            });
+        }
+
+        let out_name = if cfg.tied_output { "token_embd.weight" } else { "output.weight" };
+        let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
+        let logits = matmul_calls(
+            MatmulSpec {
+                name: "logits".into(),
+                views: vec![out_view],
+                in_mode: InMode::RmsNorm,
+                out_mode: OutMode::Store,
+                n_views: 1,
+                x: acts.x.binding(),
+                x_ld: dim,
+                aux: Some(vector(weights, "output_norm.weight", dim)?),
+                outs: [Some(acts.logits.binding()), None, None],
+                out_ld: cfg.vocab_size,
+                last_token_only: true,
+            },
+            dummy,
+            acts,
+            kernels,
+            neox,
+            head_dim,
+        )?;
+        let argmax = kernels.argmax.descriptor_set(&[acts.logits.binding(), acts.result.binding()])?;
+        Ok(GpuModel { embed, layers, logits, argmax, neox, head_dim })
+    }
+}
+
+fn embed_call(view: &TensorView, acts: &Activations, kernels: &mut Kernels, dim: usize) -> Result<EmbedCall, EngineError> {
+    if view.parts.len() > 3 {
+        return Err(EngineError::Tensor {
+            name: view.name.clone(),
+            why: format!("{} row-range parts; the embedding gather binds at most 3", view.parts.len()),
+        });
+    }
+    let dummy = acts.dummy.binding();
+    let mut push = kernels::EmbedPush {
+        ncols: to_u32(dim as u64, "dim")?,
+        out_ld: to_u32(dim as u64, "dim")?,
+        n_tok: 1,
+        pad: 0,
+        part_end: [u32::MAX; 4],
+        wofs: [0; 4],
+    };
+    let mut bindings = [dummy, dummy, dummy, acts.x.binding(), acts.step.binding()];
+    for (i, p) in view.parts.iter().enumerate() {
+        bindings[i] = p.binding;
+        push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
+        push.wofs[i] = to_u32(p.byte_offset / 4, "embedding offset")?;
+    }
+    let set = kernels.embed(view.ty)?.descriptor_set(&bindings)?;
+    Ok(EmbedCall { set, ty: view.ty, push })
+}
+
+/// Splits a fused matmul into dispatches: one when every view has the same type and is
+/// a single part, else one per (view, part) (the gate/up pair needs matching parts).
+fn matmul_calls(
+    spec: MatmulSpec<'_>,
+    dummy: BufferBinding,
+    acts: &Activations,
+    kernels: &mut Kernels,
+    neox: bool,
+    head_dim: u32,
+) -> Result<Vec<MatmulCall>, EngineError> {
+    let ncols = spec.views[0].shape[0];
+    let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
+    let whole = spec.views.iter().all(|v| v.parts.len() == 1);
+    // groups of (slot, view, part index) sharing one dispatch
+    let mut groups: Vec<Vec<(usize, &TensorView, usize)>> = Vec::new();
+    if same_type && whole {
+        groups.push(spec.views.iter().enumerate().map(|(s, v)| (s, *v, 0)).collect());
+    } else if spec.out_mode == OutMode::Glu {
+        let (g, u) = (spec.views[0], spec.views[1]);
+        let aligned = g.ty == u.ty
+            && g.parts.len() == u.parts.len()
+            && g.parts.iter().zip(&u.parts).all(|(a, b)| a.first_row == b.first_row && a.n_rows == b.n_rows);
+        if !aligned {
+            return Err(EngineError::Unsupported(format!(
+                "{}: gate ({} in {} parts) and up ({} in {} parts) must have the same type and row split",
+                spec.name,
+                g.ty.name(),
+                g.parts.len(),
+                u.ty.name(),
+                u.parts.len()
+            )));
+        }
+        for i in 0..g.parts.len() {
+            groups.push(vec![(0, g, i), (1, u, i)]);
+        }
+    } else {
+        for (s, v) in spec.views.iter().enumerate() {
+            for i in 0..v.parts.len() {
+                groups.push(vec![(s, *v, i)]);
+            }
+        }
+    }
+    let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
+    let mut calls = Vec::with_capacity(groups.len());
+    for (gi, group) in groups.iter().enumerate() {
+        let mut w = [dummy; 3];
+        let mut slots = Vec::new();
+        for &(s, v, i) in group {
+            let p = &v.parts[i];
+            w[s] = p.binding;
+            slots.push(Slot {
+                slot: s,
+                nrows: to_u32(p.n_rows, "rows")?,
+                wofs: to_u32(p.byte_offset / 4, "weight offset")?,
+                orow: to_u32(p.first_row, "first row")?,
+            });
+        }
+        let o = |i: usize| spec.outs[i].unwrap_or(dummy);
+        let bindings = [w[0], w[1], w[2], spec.x, aux, o(0), o(1), o(2), acts.step.binding()];
+        let call = MatmulCall {
+            name: if groups.len() == 1 { spec.name.clone() } else { format!("{}#{gi}", spec.name) },
+            set: {
+                let ty = group[0].1.ty;
+                let key = key_of(ty, spec.in_mode, spec.out_mode, spec.n_views, spec.last_token_only, Batch::Decode, neox, head_dim);
+                // the prefill pipeline has an identical set layout, so it accepts this set too
+                kernels.matmul(key)?.descriptor_set(&bindings)?
+            },
+            slots,
+            wtype: group[0].1.ty,
+            in_mode: spec.in_mode,
+            out_mode: spec.out_mode,
+            n_views: spec.n_views,
+            ncols: to_u32(ncols, "columns")?,
+            x_ld: to_u32(spec.x_ld as u64, "x stride")?,
+            out_ld: to_u32(spec.out_ld as u64, "out stride")?,
+            aux_ofs,
+            last_token_only: spec.last_token_only,
+        };
+        for batch in [Batch::Decode, Batch::Prefill] {
+            kernels.matmul(matmul_key(&call, batch, neox, head_dim))?;
+        }
+        calls.push(call);
+    }
+    Ok(calls)
+}

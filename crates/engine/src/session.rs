@@ -1,0 +1,441 @@
+//! A decoding session: the weights, every pipeline and descriptor set, the activation
+//! buffers and the KV cache, all created at load; then `prefill` and `decode_*`.
+//!
+//! Per decode token (DESIGN.md, the three conditions): the host writes the token id and
+//! its position into the step buffer, submits ONE pre-recorded command buffer and waits
+//! on ONE fence; greedy decoding reads back 4 bytes (the argmax taken on the GPU), and the
+//! logits are read back only when sampling needs them. Nothing is allocated per token.
+
+use std::sync::Arc;
+
+use reference::Config;
+use tracing::{debug_span, info_span};
+use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation, QueryPool};
+
+use crate::forward::{Head, Recorder};
+use crate::kernels::{self, Kernels, StepHeader};
+use crate::model::{Batch, GpuModel};
+use crate::residency::{ResidencyOptions, Weights};
+use crate::EngineError;
+
+/// Most prompt tokens one prefill submission processes (longer prompts go in chunks).
+pub const PREFILL_CHUNK: usize = 64;
+
+/// How a session is built.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    pub weights: ResidencyOptions,
+    /// Positions the KV cache holds (prompt + generated tokens).
+    pub ctx_len: usize,
+    /// Ablation: submit and wait after every layer (a host drain), as a naive runtime does.
+    pub sync_each_layer: bool,
+    /// Record GPU timestamps around every dispatch of a decode token.
+    pub profile: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { weights: ResidencyOptions::default(), ctx_len: 2048, sync_each_layer: false, profile: false }
+    }
+}
+
+/// What the session did, for the condition-2/3 test and the stats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Fence waits by this session.
+    pub host_waits: u64,
+    /// Bytes read back from GPU buffers by this session.
+    pub bytes_read_back: u64,
+    /// GPU buffers this session allocated (all at load).
+    pub allocations: u64,
+    /// Tokens decoded (`decode_*`), prompt tokens not included.
+    pub decoded_tokens: u64,
+    /// Prompt tokens prefilled.
+    pub prefilled_tokens: u64,
+}
+
+/// GPU time of one dispatch of the last profiled decode token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub ns: u64,
+}
+
+/// Activation buffers and the KV cache (llama2.c's `RunState`), all f32, allocated once.
+/// `B` is the batch capacity ([`PREFILL_CHUNK`]), `C` the context length.
+pub struct Activations {
+    /// [B][dim] the residual stream
+    pub x: Buffer,
+    /// [B][n_heads·head_dim] queries after rope
+    pub q: Buffer,
+    /// [B][n_heads·head_dim] attention output (input of attn_output)
+    pub att_out: Buffer,
+    /// [B][hidden_dim] silu(gate)·up (input of ffn_down)
+    pub hb: Buffer,
+    /// [B][n_heads][C] attention scores / weights scratch
+    pub scores: Buffer,
+    /// per layer: [C][kv_dim] keys after rope
+    pub key_cache: Vec<Buffer>,
+    /// per layer: [C][kv_dim] values
+    pub value_cache: Vec<Buffer>,
+    /// [vocab] logits of the last token (host-readable)
+    pub logits: Buffer,
+    /// [4] u32: argmax of the logits (host-readable)
+    pub result: Buffer,
+    /// StepHeader, [128] f32 rope frequencies, [B] u32 token ids (host-written)
+    pub step: Buffer,
+    /// [n_layers][B][dim] the residual after every layer, for observers (host-readable)
+    pub layer_dump: Buffer,
+    /// 16 bytes bound to kernel slots a dispatch does not use
+    pub dummy: Buffer,
+    /// Batch capacity B.
+    pub max_batch: usize,
+}
+
+impl Activations {
+    fn new(ctx: &Arc<vk::Context>, cfg: &Config, ctx_len: usize, max_batch: usize) -> Result<Activations, EngineError> {
+        let f = 4u64;
+        let b = max_batch as u64;
+        let buf = |name: &str, bytes: u64, loc: MemLocation| Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc));
+        let q_dim = (cfg.n_heads * cfg.head_dim) as u64;
+        let kv_bytes = ctx_len as u64 * cfg.kv_dim() as u64 * f;
+        let mut key_cache = Vec::with_capacity(cfg.n_layers);
+        let mut value_cache = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            key_cache.push(buf(&format!("key_cache.{l}"), kv_bytes, MemLocation::GpuOnly)?);
+            value_cache.push(buf(&format!("value_cache.{l}"), kv_bytes, MemLocation::GpuOnly)?);
+        }
+        Ok(Activations {
+            x: buf("x", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
+            q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
+            att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
+            hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
+            scores: buf("scores", b * cfg.n_heads as u64 * ctx_len as u64 * f, MemLocation::GpuOnly)?,
+            key_cache,
+            value_cache,
+            logits: buf("logits", cfg.vocab_size as u64 * f, MemLocation::GpuToCpu)?,
+            result: buf("result", 16, MemLocation::GpuToCpu)?,
+            step: buf("step", kernels::STEP_TOKENS_OFFSET + b * 4, MemLocation::CpuToGpu)?,
+            layer_dump: buf("layer_dump", cfg.n_layers as u64 * b * cfg.dim as u64 * f, MemLocation::GpuToCpu)?,
+            dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
+            max_batch,
+        })
+    }
+
+    fn count(&self) -> u64 {
+        11 + 2 * self.key_cache.len() as u64
+    }
+}
+
+/// A model loaded on the GPU, ready to prefill and decode.
+///
+/// Field order is drop order: command buffers, then descriptor sets (in `model`), then
+/// pipelines, then activation buffers, then the weights (whose imports keep the file
+/// mapping alive), then the context.
+pub struct Session {
+    decode_cmds: Vec<CommandBuffer>,
+    prefill_cmd: CommandBuffer,
+    query: Option<QueryPool>,
+    model: GpuModel,
+    kernels: Kernels,
+    acts: Activations,
+    weights: Weights,
+    cfg: Config,
+    ctx: Arc<vk::Context>,
+    ctx_len: usize,
+    pos: usize,
+    /// Host copy of the logits, allocated once.
+    logits_host: Vec<f32>,
+    /// Host copy of the residual dumps (observer), allocated once.
+    dump_host: Vec<f32>,
+    counters: Counters,
+    profile_names: Vec<String>,
+    last_profile: Option<Vec<KernelTime>>,
+}
+
+impl Session {
+    /// Loads the weights, creates every pipeline, descriptor set and buffer, records the
+    /// decode command buffer, and warms every pipeline (lavapipe compiles a pipeline on
+    /// its first dispatch) with a throw-away token.
+    pub fn new(ctx: Arc<vk::Context>, file: Arc<gguf::GgufFile>, opts: &SessionOptions) -> Result<Session, EngineError> {
+        let _span = info_span!("session", ctx_len = opts.ctx_len).entered();
+        let cfg = Config::from_gguf(file.gguf()).map_err(|e| EngineError::Model(e.to_string()))?;
+        if opts.ctx_len == 0 {
+            return Err(EngineError::Input("the context length must be at least 1".into()));
+        }
+        let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
+        let weights = Weights::load(&ctx, file, &opts.weights)?;
+        let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
+        let mut kernels = Kernels::new(&ctx)?;
+        let model = GpuModel::build(&cfg, &weights, &acts, &mut kernels)?;
+
+        let mut step_init = vec![0u32; 4 + kernels::STEP_FREQS_MAX];
+        for (i, f) in kernels::rope_freqs(cfg.rope_base, cfg.head_dim).iter().enumerate() {
+            step_init[4 + i] = f.to_bits();
+        }
+        acts.step.write(0, &step_init)?;
+
+        let query = if opts.profile {
+            // one timestamp before and after every dispatch of a token, with room to spare
+            Some(QueryPool::new(&ctx, (8 * cfg.n_layers + 16) as u32)?)
+        } else {
+            None
+        };
+        let n_layers = cfg.n_layers;
+        let mut session = Session {
+            decode_cmds: Vec::new(),
+            prefill_cmd: CommandBuffer::new(&ctx)?,
+            query,
+            model,
+            kernels,
+            acts,
+            weights,
+            logits_host: vec![0.0; cfg.vocab_size],
+            dump_host: vec![0.0; n_layers * PREFILL_CHUNK * cfg.dim],
+            cfg,
+            ctx,
+            ctx_len,
+            pos: 0,
+            counters: Counters::default(),
+            profile_names: Vec::new(),
+            last_profile: None,
+        };
+        session.counters.allocations = session.acts.count();
+        session.record_decode(opts.sync_each_layer)?;
+        // warm every pipeline: a one-token prefill and one decode step
+        session.prefill(&[0])?;
+        session.decode_argmax(0)?;
+        session.reset();
+        session.counters = Counters { allocations: session.counters.allocations, ..Counters::default() };
+        Ok(session)
+    }
+
+    /// Hyper-parameters of the model.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The weights (residency report, views).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// The context the session was created on.
+    pub fn context(&self) -> &Arc<vk::Context> {
+        &self.ctx
+    }
+
+    /// Next position to be written (tokens in the cache).
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Positions the cache holds.
+    pub fn ctx_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    /// Starts a new sequence (the cache is overwritten as it refills).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Dispatch times of the last decode token, when the session profiles.
+    pub fn profile_last_token(&self) -> Option<Vec<KernelTime>> {
+        self.last_profile.clone()
+    }
+
+    /// Runs the prompt through the model in batches of up to [`PREFILL_CHUNK`] tokens at
+    /// positions `pos..pos+n`; afterwards [`Session::last_argmax`] / [`Session::last_logits`]
+    /// give the prediction after the last prompt token.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        let _span = info_span!("prefill", tokens = tokens.len()).entered();
+        if tokens.is_empty() {
+            return Err(EngineError::Input("empty prompt: nothing to prefill".into()));
+        }
+        self.check_room(tokens.len())?;
+        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let head = if i + 1 == n_chunks { Head::LogitsArgmax } else { Head::None };
+            self.run_batch(chunk, head, false)?;
+        }
+        self.counters.prefilled_tokens += tokens.len() as u64;
+        Ok(())
+    }
+
+    /// Feeds `token` at the next position and returns the argmax of the next-token
+    /// logits (4 bytes read back).
+    pub fn decode_argmax(&mut self, token: u32) -> Result<u32, EngineError> {
+        self.decode(token)?;
+        self.read_argmax()
+    }
+
+    /// Feeds `token` at the next position and returns the next-token logits.
+    pub fn decode_logits(&mut self, token: u32) -> Result<&[f32], EngineError> {
+        self.decode(token)?;
+        self.read_logits()
+    }
+
+    /// Argmax after the last prefill or decode step.
+    pub fn last_argmax(&mut self) -> Result<u32, EngineError> {
+        self.read_argmax()
+    }
+
+    /// Logits after the last prefill or decode step.
+    pub fn last_logits(&mut self) -> Result<&[f32], EngineError> {
+        self.read_logits()
+    }
+
+    /// Debug entry point for tests: runs `tokens` (at most [`PREFILL_CHUNK`]) as one batch
+    /// at positions `pos..`, calling `observe(layer, x)` with the residual stream after
+    /// every layer (`x`: `tokens.len() × dim`), and returns the logits of the last token.
+    pub fn forward_observed(
+        &mut self,
+        tokens: &[u32],
+        observe: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<&[f32], EngineError> {
+        if tokens.is_empty() || tokens.len() > PREFILL_CHUNK {
+            return Err(EngineError::Input(format!("forward_observed takes 1..={PREFILL_CHUNK} tokens, got {}", tokens.len())));
+        }
+        self.check_room(tokens.len())?;
+        self.run_batch(tokens, Head::LogitsArgmax, true)?;
+        let dim = self.cfg.dim;
+        let n = tokens.len() * dim;
+        self.acts.layer_dump.read(0, &mut self.dump_host)?;
+        self.counters.bytes_read_back += (self.cfg.n_layers * n * 4) as u64;
+        for l in 0..self.cfg.n_layers {
+            let row = l * PREFILL_CHUNK * dim;
+            observe(l, &self.dump_host[row..row + n]);
+        }
+        self.read_logits()
+    }
+
+    fn check_room(&self, n: usize) -> Result<(), EngineError> {
+        if self.pos + n > self.ctx_len {
+            return Err(EngineError::ContextFull { pos: self.pos, n, ctx_len: self.ctx_len });
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(EngineError::Input(format!("token id {t} is outside the vocabulary of {}", self.cfg.vocab_size)));
+        }
+        Ok(())
+    }
+
+    /// Writes the position and token ids the next submission reads.
+    fn write_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        self.check_tokens(tokens)?;
+        let header = StepHeader { pos0: self.pos as u32, pad: [0; 3] };
+        self.acts.step.write(0, std::slice::from_ref(&header))?;
+        self.acts.step.write(kernels::STEP_TOKENS_OFFSET, tokens)?;
+        Ok(())
+    }
+
+    /// Records and runs one batch (prefill chunk or observed run): one submit, one wait.
+    fn run_batch(&mut self, tokens: &[u32], head: Head, dump: bool) -> Result<(), EngineError> {
+        self.write_step(tokens)?;
+        let cmd = &mut self.prefill_cmd;
+        cmd.begin()?;
+        let mut rec = Recorder {
+            cmd,
+            kernels: &self.kernels,
+            model: &self.model,
+            acts: &self.acts,
+            cfg: &self.cfg,
+            ctx_len: self.ctx_len,
+            n_tok: tokens.len() as u32,
+            batch: Batch::Prefill,
+            profile: None,
+        };
+        rec.forward(head, dump)?;
+        self.prefill_cmd.end()?;
+        self.ctx.submit_and_wait(&self.prefill_cmd)?;
+        self.counters.host_waits += 1;
+        self.pos += tokens.len();
+        Ok(())
+    }
+
+    /// Records the decode command buffer(s) once: one for the whole token, or (ablation)
+    /// one per layer plus the embedding and the head.
+    fn record_decode(&mut self, sync_each_layer: bool) -> Result<(), EngineError> {
+        let n_layers = self.cfg.n_layers;
+        let n_cmds = if sync_each_layer { n_layers + 2 } else { 1 };
+        let mut cmds = Vec::with_capacity(n_cmds);
+        for _ in 0..n_cmds {
+            cmds.push(CommandBuffer::new(&self.ctx)?);
+        }
+        let mut names = Vec::new();
+        for (i, cmd) in cmds.iter_mut().enumerate() {
+            cmd.begin()?;
+            let profile = if n_cmds == 1 { self.query.as_ref().map(|q| (q, &mut names)) } else { None };
+            let mut rec = Recorder {
+                cmd,
+                kernels: &self.kernels,
+                model: &self.model,
+                acts: &self.acts,
+                cfg: &self.cfg,
+                ctx_len: self.ctx_len,
+                n_tok: 1,
+                batch: Batch::Decode,
+                profile,
+            };
+            if n_cmds == 1 {
+                rec.forward(Head::LogitsArgmax, false)?;
+            } else if i == 0 {
+                rec.embed()?;
+            } else if i <= n_layers {
+                rec.layer(i - 1)?;
+            } else {
+                rec.logits_argmax()?;
+            }
+            cmd.end()?;
+        }
+        self.decode_cmds = cmds;
+        self.profile_names = names;
+        Ok(())
+    }
+
+    /// One decode step: write the step buffer, submit, wait (once per command buffer).
+    fn decode(&mut self, token: u32) -> Result<(), EngineError> {
+        let _span = debug_span!("decode", pos = self.pos).entered();
+        self.check_room(1)?;
+        self.write_step(&[token])?;
+        for cmd in &self.decode_cmds {
+            self.ctx.submit_and_wait(cmd)?;
+            self.counters.host_waits += 1;
+        }
+        if let Some(q) = &self.query {
+            let n = self.profile_names.len();
+            let ts = q.read_ns(0, n as u32 + 1)?;
+            self.last_profile = Some(
+                self.profile_names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| KernelTime { name: name.clone(), ns: ts[i + 1].saturating_sub(ts[i]) })
+                    .collect(),
+            );
+        }
+        self.pos += 1;
+        self.counters.decoded_tokens += 1;
+        Ok(())
+    }
+
+    fn read_argmax(&mut self) -> Result<u32, EngineError> {
+        let mut r = [0u32; 1];
+        self.acts.result.read(0, &mut r)?;
+        self.counters.bytes_read_back += 4;
+        Ok(r[0])
+    }
+
+    fn read_logits(&mut self) -> Result<&[f32], EngineError> {
+        self.acts.logits.read(0, &mut self.logits_host)?;
+        self.counters.bytes_read_back += (self.logits_host.len() * 4) as u64;
+        Ok(&self.logits_host)
+    }
+}

@@ -1,0 +1,68 @@
+//! Shared helpers of the GPU tests: a validating context, buffers from host data,
+//! model paths.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use vk::{Buffer, BufferDesc, Context, ContextOptions, MemLocation};
+
+/// A validating context, or `None` (skip) when no device exists and
+/// VKDECODE_ALLOW_NO_GPU=1; without that variable a missing device fails the test.
+pub fn ctx() -> Option<Arc<Context>> {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("warn").try_init();
+    match Context::new(&ContextOptions { device_index: None, validate: true }) {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
+            eprintln!("skipping: no Vulkan device ({e})");
+            None
+        }
+        Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
+    }
+}
+
+/// A host-visible storage buffer holding `data` (at least 16 bytes).
+pub fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, name: &str, data: &[T]) -> Buffer {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let size = (bytes.len() as u64).max(16).next_multiple_of(4);
+    let b = Buffer::new(ctx, &BufferDesc::storage(name, size, MemLocation::GpuToCpu)).unwrap();
+    let mut padded = bytes.to_vec();
+    padded.resize(size as usize, 0);
+    b.write(0, &padded).unwrap();
+    b
+}
+
+/// A zeroed host-visible buffer of `n` f32.
+pub fn zeros(ctx: &Arc<Context>, name: &str, n: usize) -> Buffer {
+    upload(ctx, name, &vec![0.0f32; n.max(4)])
+}
+
+pub fn read_f32(b: &Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n];
+    b.read(0, &mut out).unwrap();
+    out
+}
+
+/// The step buffer: header (pos0), rope frequencies, token ids.
+pub fn step_buffer(ctx: &Arc<Context>, pos0: u32, freqs: &[f32], tokens: &[u32]) -> Buffer {
+    let mut words = vec![0u32; 4 + engine::kernels::STEP_FREQS_MAX];
+    words[0] = pos0;
+    for (i, f) in freqs.iter().enumerate() {
+        words[4 + i] = f.to_bits();
+    }
+    words.extend_from_slice(tokens);
+    words.push(0);
+    upload(ctx, "step", &words)
+}
+
+/// `models/<name>` of the workspace; fails the test with a hint when missing.
+pub fn model_path(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name);
+    assert!(p.exists(), "{} is missing: run models/fetch (it downloads and converts the default model)", p.display());
+    p
+}
+
+/// Asserts the validation layer stayed quiet.
+pub fn assert_no_validation_errors(ctx: &Context) {
+    assert_eq!(ctx.validation_errors(), 0, "validation layer messages were logged (see the test output)");
+}

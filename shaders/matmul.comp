@@ -1,0 +1,191 @@
+// variants: q8_0=-DWTYPE_Q8_0 q4_0=-DWTYPE_Q4_0 q4_1=-DWTYPE_Q4_1 f16=-DWTYPE_F16 f32=-DWTYPE_F32
+#version 450
+// Y = W · X for a batch of tokens (decode: one token), W read in place from GGUF blocks.
+// CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
+// add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
+//
+// Each invocation computes PAIRS pairs of rows for TB tokens. Lanes of a workgroup take
+// neighbouring pairs, so the X reads (the same address in every lane) are uniform loads
+// and every weight chunk loaded is used for TB tokens. A pair is:
+//   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
+//   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
+//   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
+#extension GL_GOOGLE_include_directive : require
+
+#include "quant.glsl"
+#include "step.glsl"
+#include "rope.glsl"
+#include "act.glsl"
+#include "matmul_push.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint PAIRS = 4u;    // row pairs per invocation
+layout(constant_id = 2) const uint TB = 1u;       // tokens per invocation
+layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 rmsnorm(X) with aux = weight
+layout(constant_id = 4) const uint OUT_MODE = 0u; // 0 store, 1 add, 2 qkv, 3 glu
+layout(constant_id = 5) const uint ROPE_NEOX = 0u;
+layout(constant_id = 6) const uint N_VIEWS = 1u;
+
+const uint IN_RMSNORM = 1u;
+const uint OUT_STORE = 0u;
+const uint OUT_ADD = 1u;
+const uint OUT_QKV = 2u;
+const uint OUT_GLU = 3u;
+
+layout(std430, set = 0, binding = 0) readonly buffer W0 { uint w0[]; };
+layout(std430, set = 0, binding = 1) readonly buffer W1 { uint w1[]; };
+layout(std430, set = 0, binding = 2) readonly buffer W2 { uint w2[]; };
+layout(std430, set = 0, binding = 3) readonly buffer X { vec4 x4[]; };
+layout(std430, set = 0, binding = 4) readonly buffer Aux { float aux[]; };
+layout(std430, set = 0, binding = 5) buffer Out0 { float out0[]; };
+layout(std430, set = 0, binding = 6) buffer Out1 { float out1[]; };
+layout(std430, set = 0, binding = 7) buffer Out2 { float out2[]; };
+STEP_BUFFER(8)
+
+float dot4(vec4 a, vec4 b, float acc) {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
+// 1 / sqrt(mean(x^2) + eps) of token row `tok` of X.
+float rms_scale(uint tok) {
+    uint base = tok * (pc.x_ld / 4u);
+    float ss = 0.0;
+    for (uint i = 0u; i < pc.ncols / 4u; i++) {
+        vec4 v = x4[base + i];
+        ss = dot4(v, v, ss);
+    }
+    return inversesqrt(ss / float(pc.ncols) + pc.eps);
+}
+
+// Elements 4q..4q+3 of token row `tok` of the (normalised) input.
+vec4 xin(uint tok, uint q, float scale) {
+    vec4 v = x4[tok * (pc.x_ld / 4u) + q];
+    if (IN_MODE == IN_RMSNORM) {
+        uint a = pc.aux_ofs + 4u * q;
+        v *= scale * vec4(aux[a], aux[a + 1u], aux[a + 2u], aux[a + 3u]);
+    }
+    return v;
+}
+
+// acc_a[t], acc_b[t] = rows at word bases base_a (in BA) and base_b (in BB) · X[tok t].
+#define PAIR_DOTS(BA, BB)                                                                 \
+    for (uint c = 0u; c < nchunks; c++) {                                                 \
+        uint wa[CHUNK_WORDS];                                                             \
+        uint wb[CHUNK_WORDS];                                                             \
+        LOAD_CHUNK(BA, base_a + c * CHUNK_WORDS, wa)                                      \
+        LOAD_CHUNK(BB, base_b + c * CHUNK_WORDS, wb)                                      \
+        for (uint t = 0u; t < TB; t++) {                                                  \
+            uint tok = pc.x_tok0 + min(t0 + t, pc.n_tok - 1u);                            \
+            float sa = acc_a[t];                                                          \
+            float sb = acc_b[t];                                                          \
+            for (uint k = 0u; k < 16u; k++) {                                             \
+                vec4 xv = xin(tok, c * 16u + k, scale[t]);                                \
+                sa = dot4(quad(wa, k), xv, sa);                                           \
+                sb = dot4(quad(wb, k), xv, sb);                                           \
+            }                                                                             \
+            acc_a[t] = sa;                                                                \
+            acc_b[t] = sb;                                                                \
+        }                                                                                 \
+    }
+
+void main() {
+    uint wg = gl_WorkGroupID.x;
+    uint view = wg < pc.tiles.x ? 0u : (wg < pc.tiles.y ? 1u : 2u);
+    uint tile = wg - (view == 0u ? 0u : (view == 1u ? pc.tiles.x : pc.tiles.y));
+    uint nrows = pc.nrows[view];
+    uint orow = pc.orow[view];
+    uint wofs = pc.wofs[view];
+    uint t0 = gl_WorkGroupID.y * TB;
+    uint nchunks = pc.ncols / 64u;
+    uint row_words = nchunks * CHUNK_WORDS;
+    uint pos0 = step_pos0;
+
+    float scale[TB];
+    for (uint t = 0u; t < TB; t++) {
+        scale[t] = 1.0;
+        if (IN_MODE == IN_RMSNORM) {
+            scale[t] = rms_scale(pc.x_tok0 + min(t0 + t, pc.n_tok - 1u));
+        }
+    }
+
+    for (uint i = 0u; i < PAIRS; i++) {
+        uint p = (tile * PAIRS + i) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+        uint ra;
+        uint rb;
+        if (OUT_MODE == OUT_GLU) {
+            ra = p;
+            rb = p;
+        } else if (OUT_MODE == OUT_QKV && ROPE_NEOX != 0u) {
+            uint half_dim = pc.head_dim / 2u;
+            ra = (p / half_dim) * pc.head_dim + p % half_dim;
+            rb = ra + half_dim;
+        } else {
+            ra = 2u * p;
+            rb = ra + 1u;
+        }
+        if (ra >= nrows) {
+            continue;
+        }
+        bool b_ok = rb < nrows;
+        uint base_a = wofs + ra * row_words;
+        uint base_b = wofs + (b_ok ? rb : ra) * row_words;
+
+        float acc_a[TB];
+        float acc_b[TB];
+        for (uint t = 0u; t < TB; t++) {
+            acc_a[t] = 0.0;
+            acc_b[t] = 0.0;
+        }
+        if (OUT_MODE == OUT_GLU) {
+            PAIR_DOTS(w0, w1)
+        } else if (N_VIEWS == 1u || view == 0u) {
+            PAIR_DOTS(w0, w0)
+        } else if (N_VIEWS == 2u || view == 1u) {
+            PAIR_DOTS(w1, w1)
+        } else {
+            PAIR_DOTS(w2, w2)
+        }
+
+        uint ga = orow + ra;  // global rows
+        uint gb = orow + rb;
+        for (uint t = 0u; t < TB; t++) {
+            uint tt = t0 + t;
+            if (tt >= pc.n_tok) {
+                break;
+            }
+            float a = acc_a[t];
+            float b = acc_b[t];
+            uint o = tt * pc.out_ld;
+            if (OUT_MODE == OUT_STORE) {
+                out0[o + ga] = a;
+                if (b_ok) out0[o + gb] = b;
+            } else if (OUT_MODE == OUT_ADD) {
+                out0[o + ga] += a;
+                if (b_ok) out0[o + gb] += b;
+            } else if (OUT_MODE == OUT_GLU) {
+                out0[o + ga] = swiglu(a, b);
+            } else { // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
+                uint hd = ga % pc.head_dim;
+                uint fi = ROPE_NEOX != 0u ? hd : hd / 2u;
+                if (view != 2u) {
+                    vec2 r = rope_pair(a, b, float(pos0 + tt), step_freqs[fi]);
+                    a = r.x;
+                    b = r.y;
+                }
+                if (view == 0u) {
+                    out0[o + ga] = a;
+                    out0[o + gb] = b;
+                } else {
+                    uint c = (pos0 + tt) * pc.kv_ld;
+                    if (view == 1u) {
+                        out1[c + ga] = a;
+                        out1[c + gb] = b;
+                    } else {
+                        out2[c + ga] = a;
+                        out2[c + gb] = b;
+                    }
+                }
+            }
+        }
+    }
+}
