@@ -6,7 +6,7 @@ use std::fmt;
 use ash::vk;
 
 /// Kind of physical device, as the driver reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeviceType {
     /// GPU sharing the host's memory.
     Integrated,
@@ -17,6 +17,7 @@ pub enum DeviceType {
     /// The CPU itself (lavapipe, SwiftShader).
     Cpu,
     /// Anything else.
+    #[default]
     Other,
 }
 
@@ -54,7 +55,7 @@ impl DeviceType {
 }
 
 /// One memory heap.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MemoryHeapInfo {
     /// Size in bytes.
     pub size: u64,
@@ -63,7 +64,7 @@ pub struct MemoryHeapInfo {
 }
 
 /// One memory type.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MemoryTypeInfo {
     /// Heap it allocates from.
     pub heap_index: u32,
@@ -76,7 +77,8 @@ pub struct MemoryTypeInfo {
 }
 
 /// Everything vkdecode needs to know about a device, read from the driver.
-#[derive(Clone, Debug)]
+/// (`Default` is all-zero, for tests of code that decides from a record.)
+#[derive(Clone, Debug, Default)]
 pub struct Capabilities {
     /// Index in `vkEnumeratePhysicalDevices` order (what `--device N` means).
     pub index: usize,

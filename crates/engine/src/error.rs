@@ -1,0 +1,56 @@
+//! The engine's error type. Other modules add variants as they need them.
+
+use crate::residency::PlanError;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A Vulkan runtime error.
+    #[error(transparent)]
+    Vk(#[from] vk::VkError),
+    /// A GGUF error.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    /// The shard planner rejected the layout.
+    #[error("planning weight shards: {0}")]
+    Plan(#[from] PlanError),
+    /// `--weights import` could not import (the message says why).
+    #[error("--weights import: {0}")]
+    ImportFailed(String),
+    /// An OS call (mmap, mlock, ...) failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tensor needed by the engine is missing or has an unusable shape/type.
+    #[error("tensor `{name}`: {why}")]
+    Tensor {
+        /// Tensor name.
+        name: String,
+        /// Why it is unusable.
+        why: String,
+    },
+    /// Anything else the engine does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The model's metadata or tensors do not describe a model the engine can run.
+    #[error("model: {0}")]
+    Model(String),
+    /// Bad input from the caller (empty prompt, token id outside the vocabulary, ...).
+    #[error("invalid input: {0}")]
+    Input(String),
+    /// The KV cache cannot hold more tokens.
+    #[error("context full: {n} more token(s) at position {pos} exceed the context of {ctx_len} positions (raise -c / ctx_len)")]
+    ContextFull {
+        /// Tokens already in the cache.
+        pos: usize,
+        /// Tokens asked for.
+        n: usize,
+        /// Positions the cache holds.
+        ctx_len: usize,
+    },
+}
