@@ -72,6 +72,11 @@ impl Merges {
     }
 }
 
+/// A queued merge candidate: `(Reverse(rank), Reverse(left), right, left len, right
+/// len)`. On a max-heap the lowest rank comes out first, then the leftmost pair; the
+/// lengths recorded at push time detect entries made stale by later merges.
+type Candidate = (Reverse<u32>, Reverse<usize>, usize, usize, usize);
+
 #[derive(Clone, Copy)]
 struct Symbol {
     start: usize,
@@ -96,10 +101,7 @@ pub fn merge_word(word: &str, merges: &Merges, mut emit: impl FnMut(&str)) {
     }
     if symbols.len() > 1 {
         let mut key = String::new();
-        // Max-heap on (Reverse(rank), Reverse(left)): lowest rank first, then leftmost.
-        // The lengths recorded at push time detect entries made stale by later merges.
-        let mut heap: BinaryHeap<(Reverse<u32>, Reverse<usize>, usize, usize, usize)> =
-            BinaryHeap::new();
+        let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
         let text = |s: &Symbol| &word[s.start..s.start + s.len];
         let push = |heap: &mut BinaryHeap<_>, key: &mut String, syms: &[Symbol], l: usize| {
             if let Some(r) = syms[l].next {

@@ -25,7 +25,7 @@
 //! crate pulls in some forty more dependencies (rayon, onig or esaxx, serde machinery).
 //! The merge loops here are short, follow llama.cpp step by step, and need only
 //! `fancy-regex` (for the `(?!\S)` look-ahead) on top of what the workspace already
-//! builds. A 2 KB prompt encodes in well under a millisecond in release.
+//! builds. A 2 KB prompt encodes in about 2 ms in release on a 2-core machine.
 
 #![forbid(unsafe_code)]
 

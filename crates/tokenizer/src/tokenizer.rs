@@ -65,6 +65,9 @@ impl TokenizerSpec {
     /// `tokenizer.ggml.tokens`, and `tokenizer.ggml.merges` for `gpt2`.
     pub fn from_gguf(g: &gguf::Gguf) -> Result<TokenizerSpec, TokenizerError> {
         let model = g.get_str("tokenizer.ggml.model")?.to_string();
+        if model != "gpt2" && model != "llama" {
+            return Err(TokenizerError::UnknownModel(model));
+        }
         let tokens = g
             .get_str_array("tokenizer.ggml.tokens")?
             .into_iter()
