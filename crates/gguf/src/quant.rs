@@ -270,7 +270,7 @@ fn dequant_q6_k(b: &[u8], o: &mut [f32]) {
 }
 
 fn blocks_of(x: &[f32], block: usize) -> Result<std::slice::ChunksExact<'_, f32>, GgufError> {
-    if x.len() % block != 0 {
+    if !x.len().is_multiple_of(block) {
         return Err(GgufError::NotBlockMultiple {
             n: x.len(),
             block_size: block,

@@ -97,19 +97,25 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
-            return Err(GgufError::UnexpectedEof {
-                what,
-                offset: self.pos as u64,
-                needed: n,
-                available: self.remaining(),
-                file_size: self.bytes.len() as u64,
-            });
+            return Err(self.eof(n, what));
         }
         // n <= remaining, which fits usize.
         let n = n as usize;
         let out = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
         Ok(out)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn eof(&self, n: u64, what: &'static str) -> GgufError {
+        GgufError::UnexpectedEof {
+            what,
+            offset: self.pos as u64,
+            needed: n,
+            available: self.remaining(),
+            file_size: self.bytes.len() as u64,
+        }
     }
 
     fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], GgufError> {
@@ -213,8 +219,15 @@ impl<'a> Cursor<'a> {
                 // The check above bounds count by the bytes remaining; the hint also
                 // caps the up-front allocation, as a Value is larger than its encoding.
                 let mut items = Vec::with_capacity(capacity_hint(count));
-                for _ in 0..count {
-                    items.push(self.value(elem_ty, depth + 1)?);
+                if elem_ty == ValueType::String {
+                    // The hot loop of every model (vocabularies, merges).
+                    for _ in 0..count {
+                        items.push(Value::String(self.string("string value")?));
+                    }
+                } else {
+                    for _ in 0..count {
+                        items.push(self.value(elem_ty, depth + 1)?);
+                    }
                 }
                 Value::Array(elem_ty, items)
             }
@@ -319,7 +332,7 @@ impl Gguf {
         // tensors may end before it.
         let data_offset = align_up(c.pos as u64, alignment).unwrap_or(u64::MAX);
         for t in &tensors {
-            if t.offset % alignment != 0 {
+            if !t.offset.is_multiple_of(alignment) {
                 return Err(GgufError::MisalignedTensor {
                     name: t.name.clone(),
                     offset: t.offset,
@@ -534,7 +547,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, name: &str) -> Result<TensorInfo, GgufEr
         name: name.to_string(),
         found: raw_ty,
     })?;
-    if shape[0] % ty.block_size() as u64 != 0 {
+    if !shape[0].is_multiple_of(ty.block_size() as u64) {
         return Err(GgufError::RowNotBlockMultiple {
             name: name.to_string(),
             ty,

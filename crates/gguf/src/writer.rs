@@ -100,7 +100,7 @@ impl GgufWriter {
                 name: name.clone(),
                 shape: shape.to_vec(),
             })?;
-        if shape[0] % ty.block_size() as u64 != 0 {
+        if !shape[0].is_multiple_of(ty.block_size() as u64) {
             return Err(GgufError::RowNotBlockMultiple {
                 name,
                 ty,
