@@ -184,13 +184,13 @@ pub fn plan_shards(
                 file_len,
             });
         }
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(PlanError::Unaligned { index, offset });
         }
         if bytes == 0 {
             continue;
         }
-        if row_bytes == 0 || bytes % row_bytes != 0 {
+        if row_bytes == 0 || !bytes.is_multiple_of(row_bytes) {
             return Err(PlanError::Rows {
                 index,
                 bytes,

@@ -169,7 +169,7 @@ pub fn import_file(
     let mapped = (bytes.len() as u64).div_ceil(page_size()) * page_size();
     let base = bytes.as_ptr();
     if start.checked_add(len).is_none_or(|e| e > mapped)
-        || (base as usize) % page_size() as usize != 0
+        || !(base as usize).is_multiple_of(page_size() as usize)
     {
         return Err(VkError::Import {
             ptr: base as usize + start as usize,

@@ -425,7 +425,7 @@ fn copy_shards(
 ) -> Result<Vec<(usize, Buffer)>, EngineError> {
     let bytes = file.bytes();
     let largest = which.iter().map(|&i| plan.shards[i].len).max().unwrap_or(0);
-    let staging_len = largest.min(STAGING_MAX).max(4);
+    let staging_len = largest.clamp(4, STAGING_MAX);
     let staging = Buffer::new(
         ctx,
         &BufferDesc::storage("weights staging", staging_len, MemLocation::CpuToGpu),
