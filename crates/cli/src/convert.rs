@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<()> {
 /// Whether `t` becomes `target`: 2-D tensors whose rows are whole target blocks and are
 /// not already of the target type.
 fn converts(t: &TensorInfo, target: GgmlType) -> bool {
-    t.shape.len() == 2 && t.ty != target && t.row_len() % target.block_size() as u64 == 0
+    t.shape.len() == 2 && t.ty != target && t.row_len().is_multiple_of(target.block_size() as u64)
 }
 
 fn requantize(file: &GgufFile, t: &TensorInfo, target: GgmlType) -> Result<Vec<u8>> {
