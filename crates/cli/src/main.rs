@@ -9,6 +9,7 @@ mod convert;
 mod info;
 mod inspect;
 mod run;
+mod stats;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
