@@ -37,16 +37,12 @@ void main() {
     uint part = row < pc.part_end.x ? 0u : (row < pc.part_end.y ? 1u : 2u);
     uint first = part == 0u ? 0u : (part == 1u ? pc.part_end.x : pc.part_end.y);
     uint base = pc.wofs[part] + (row - first) * nchunks * CHUNK_WORDS + c * CHUNK_WORDS;
-    uint w[CHUNK_WORDS];
-    if (part == 0u) {
-        LOAD_CHUNK(w0, base, w)
-    } else if (part == 1u) {
-        LOAD_CHUNK(w1, base, w)
-    } else {
-        LOAD_CHUNK(w2, base, w)
-    }
     uint o = t * (pc.out_ld / 4u) + c * 16u;
-    for (uint k = 0u; k < 16u; k++) {
-        x4[o + k] = quad(w, k);
+    if (part == 0u) {
+        FOR_EACH_QUAD(w0, base, x4[o + qi] = wq;)
+    } else if (part == 1u) {
+        FOR_EACH_QUAD(w1, base, x4[o + qi] = wq;)
+    } else {
+        FOR_EACH_QUAD(w2, base, x4[o + qi] = wq;)
     }
 }

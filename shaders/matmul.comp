@@ -4,9 +4,10 @@
 // CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
 // add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
 //
-// Each invocation computes PAIRS pairs of rows for TB tokens. Lanes of a workgroup take
-// neighbouring pairs, so the X reads (the same address in every lane) are uniform loads
-// and every weight chunk loaded is used for TB tokens. A pair is:
+// Each invocation computes PAIRS pairs of rows for TB (1..4) tokens. Lanes of a workgroup
+// take neighbouring pairs, so the X reads (the same address in every lane) are uniform
+// loads, and every weight word loaded is used for TB tokens. With IN_RMSNORM the
+// workgroup first writes the normalised input of its tokens to shared memory. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
@@ -20,7 +21,7 @@
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint PAIRS = 4u;    // row pairs per invocation
-layout(constant_id = 2) const uint TB = 1u;       // tokens per invocation
+layout(constant_id = 2) const uint TB = 1u;       // tokens per invocation, 1..4
 layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 rmsnorm(X) with aux = weight
 layout(constant_id = 4) const uint OUT_MODE = 0u; // 0 store, 1 add, 2 qkv, 3 glu
 layout(constant_id = 5) const uint ROPE_NEOX = 0u;
@@ -31,6 +32,8 @@ const uint OUT_STORE = 0u;
 const uint OUT_ADD = 1u;
 const uint OUT_QKV = 2u;
 const uint OUT_GLU = 3u;
+// Shared copy of the normalised input: TB * ncols floats, at most 32 KiB.
+const uint XS_VEC4 = 2048u;
 
 layout(std430, set = 0, binding = 0) readonly buffer W0 { uint w0[]; };
 layout(std430, set = 0, binding = 1) readonly buffer W1 { uint w1[]; };
@@ -42,13 +45,20 @@ layout(std430, set = 0, binding = 6) buffer Out1 { float out1[]; };
 layout(std430, set = 0, binding = 7) buffer Out2 { float out2[]; };
 STEP_BUFFER(8)
 
+shared vec4 xs[XS_VEC4];
+
 float dot4(vec4 a, vec4 b, float acc) {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
 }
 
-// 1 / sqrt(mean(x^2) + eps) of token row `tok` of X.
-float rms_scale(uint tok) {
-    uint base = tok * (pc.x_ld / 4u);
+// Token row of X read for the workgroup's token t (clamped past the batch's end).
+uint x_row(uint t) {
+    return pc.x_tok0 + min(gl_WorkGroupID.y * TB + t, pc.n_tok - 1u);
+}
+
+// 1 / sqrt(mean(x^2) + eps) of token row `row` of X.
+float rms_scale(uint row) {
+    uint base = row * (pc.x_ld / 4u);
     float ss = 0.0;
     for (uint i = 0u; i < pc.ncols / 4u; i++) {
         vec4 v = x4[base + i];
@@ -57,35 +67,25 @@ float rms_scale(uint tok) {
     return inversesqrt(ss / float(pc.ncols) + pc.eps);
 }
 
-// Elements 4q..4q+3 of token row `tok` of the (normalised) input.
-vec4 xin(uint tok, uint q, float scale) {
-    vec4 v = x4[tok * (pc.x_ld / 4u) + q];
+// Elements 4q..4q+3 of the (normalised) input of the workgroup's token t.
+vec4 xq(uint t, uint q) {
     if (IN_MODE == IN_RMSNORM) {
-        uint a = pc.aux_ofs + 4u * q;
-        v *= scale * vec4(aux[a], aux[a + 1u], aux[a + 2u], aux[a + 3u]);
+        return xs[t * (pc.ncols / 4u) + q];
     }
-    return v;
+    return x4[x_row(t) * (pc.x_ld / 4u) + q];
 }
 
-// acc_a[t], acc_b[t] = rows at word bases base_a (in BA) and base_b (in BB) · X[tok t].
-#define PAIR_DOTS(BA, BB)                                                                 \
+// acc (one component per token) += row at word `base` of BUF · X
+#define ROW_DOT(BUF, base, acc)                                                           \
     for (uint c = 0u; c < nchunks; c++) {                                                 \
-        uint wa[CHUNK_WORDS];                                                             \
-        uint wb[CHUNK_WORDS];                                                             \
-        LOAD_CHUNK(BA, base_a + c * CHUNK_WORDS, wa)                                      \
-        LOAD_CHUNK(BB, base_b + c * CHUNK_WORDS, wb)                                      \
-        for (uint t = 0u; t < TB; t++) {                                                  \
-            uint tok = pc.x_tok0 + min(t0 + t, pc.n_tok - 1u);                            \
-            float sa = acc_a[t];                                                          \
-            float sb = acc_b[t];                                                          \
-            for (uint k = 0u; k < 16u; k++) {                                             \
-                vec4 xv = xin(tok, c * 16u + k, scale[t]);                                \
-                sa = dot4(quad(wa, k), xv, sa);                                           \
-                sb = dot4(quad(wb, k), xv, sb);                                           \
-            }                                                                             \
-            acc_a[t] = sa;                                                                \
-            acc_b[t] = sb;                                                                \
-        }                                                                                 \
+        uint cb_ = (base) + c * CHUNK_WORDS;                                              \
+        uint q0_ = c * 16u;                                                               \
+        FOR_EACH_QUAD(BUF, cb_,                                                           \
+            acc.x = dot4(wq, xq(0u, q0_ + qi), acc.x);                                    \
+            if (TB > 1u) { acc.y = dot4(wq, xq(1u, q0_ + qi), acc.y); }                   \
+            if (TB > 2u) { acc.z = dot4(wq, xq(2u, q0_ + qi), acc.z); }                   \
+            if (TB > 3u) { acc.w = dot4(wq, xq(3u, q0_ + qi), acc.w); }                   \
+        )                                                                                 \
     }
 
 void main() {
@@ -100,12 +100,18 @@ void main() {
     uint row_words = nchunks * CHUNK_WORDS;
     uint pos0 = step_pos0;
 
-    float scale[TB];
-    for (uint t = 0u; t < TB; t++) {
-        scale[t] = 1.0;
-        if (IN_MODE == IN_RMSNORM) {
-            scale[t] = rms_scale(pc.x_tok0 + min(t0 + t, pc.n_tok - 1u));
+    if (IN_MODE == IN_RMSNORM) {
+        // xs[t] = rmsnorm(X[token t]) * weight, written cooperatively
+        uint nq = pc.ncols / 4u;
+        for (uint t = 0u; t < TB; t++) {
+            float scale = rms_scale(x_row(t));
+            uint xb = x_row(t) * (pc.x_ld / 4u);
+            for (uint q = gl_LocalInvocationID.x; q < nq; q += gl_WorkGroupSize.x) {
+                uint a = pc.aux_ofs + 4u * q;
+                xs[t * nq + q] = x4[xb + q] * scale * vec4(aux[a], aux[a + 1u], aux[a + 2u], aux[a + 3u]);
+            }
         }
+        barrier();
     }
 
     for (uint i = 0u; i < PAIRS; i++) {
@@ -130,20 +136,20 @@ void main() {
         uint base_a = wofs + ra * row_words;
         uint base_b = wofs + (b_ok ? rb : ra) * row_words;
 
-        float acc_a[TB];
-        float acc_b[TB];
-        for (uint t = 0u; t < TB; t++) {
-            acc_a[t] = 0.0;
-            acc_b[t] = 0.0;
-        }
+        vec4 acc_a = vec4(0.0);
+        vec4 acc_b = vec4(0.0);
         if (OUT_MODE == OUT_GLU) {
-            PAIR_DOTS(w0, w1)
+            ROW_DOT(w0, base_a, acc_a)
+            ROW_DOT(w1, base_b, acc_b)
         } else if (N_VIEWS == 1u || view == 0u) {
-            PAIR_DOTS(w0, w0)
+            ROW_DOT(w0, base_a, acc_a)
+            ROW_DOT(w0, base_b, acc_b)
         } else if (N_VIEWS == 2u || view == 1u) {
-            PAIR_DOTS(w1, w1)
+            ROW_DOT(w1, base_a, acc_a)
+            ROW_DOT(w1, base_b, acc_b)
         } else {
-            PAIR_DOTS(w2, w2)
+            ROW_DOT(w2, base_a, acc_a)
+            ROW_DOT(w2, base_b, acc_b)
         }
 
         uint ga = orow + ra;  // global rows

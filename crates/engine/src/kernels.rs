@@ -24,6 +24,9 @@ use crate::EngineError;
 pub const CHUNK: usize = 64;
 /// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
 pub const STEP_FREQS_MAX: usize = 128;
+/// Floats of normalised input `matmul.comp` keeps in shared memory (`XS_VEC4 * 4`):
+/// tokens per invocation × row length must not exceed it.
+pub const MAX_NORM_FLOATS: u32 = 8192;
 /// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
 pub const MAX_REDUCE_WG: u32 = 256;
 

@@ -86,7 +86,7 @@ pub struct GpuModel {
 
 /// The matmul pipeline key of `call` for a batch kind.
 pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
-    key_of(call.wtype, call.in_mode, call.out_mode, call.n_views, call.last_token_only, batch, neox, head_dim)
+    key_of(call.wtype, call.in_mode, call.out_mode, call.n_views, call.last_token_only, call.ncols, batch, neox, head_dim)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -96,14 +96,19 @@ fn key_of(
     out_mode: OutMode,
     n_views: u32,
     last_token_only: bool,
+    ncols: u32,
     batch: Batch,
     neox: bool,
     head_dim: u32,
 ) -> MatmulKey {
-    let shape = match batch {
+    let mut shape = match batch {
         Batch::Prefill if !last_token_only => PREFILL_SHAPE,
         _ => DECODE_SHAPE,
     };
+    if in_mode == InMode::RmsNorm {
+        // the normalised input of TB tokens must fit the kernel's shared array
+        shape.tb = shape.tb.min((kernels::MAX_NORM_FLOATS / ncols.max(1)).max(1));
+    }
     let mut pairs = shape.pairs;
     let qkv_neox = out_mode == OutMode::Qkv && neox;
     if qkv_neox {
@@ -395,6 +400,13 @@ fn matmul_calls(
             }
         }
     }
+    if spec.in_mode == InMode::RmsNorm && ncols > u64::from(kernels::MAX_NORM_FLOATS) {
+        return Err(EngineError::Unsupported(format!(
+            "{}: rows of {ncols} elements; the fused rmsnorm holds at most {}",
+            spec.name,
+            kernels::MAX_NORM_FLOATS
+        )));
+    }
     let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
     let mut calls = Vec::with_capacity(groups.len());
     for (gi, group) in groups.iter().enumerate() {
@@ -416,7 +428,17 @@ fn matmul_calls(
             name: if groups.len() == 1 { spec.name.clone() } else { format!("{}#{gi}", spec.name) },
             set: {
                 let ty = group[0].1.ty;
-                let key = key_of(ty, spec.in_mode, spec.out_mode, spec.n_views, spec.last_token_only, Batch::Decode, neox, head_dim);
+                let key = key_of(
+                    ty,
+                    spec.in_mode,
+                    spec.out_mode,
+                    spec.n_views,
+                    spec.last_token_only,
+                    to_u32(ncols, "columns")?,
+                    Batch::Decode,
+                    neox,
+                    head_dim,
+                );
                 // the prefill pipeline has an identical set layout, so it accepts this set too
                 kernels.matmul(key)?.descriptor_set(&bindings)?
             },
