@@ -31,7 +31,7 @@ pub struct Args {
     /// Output GGUF file (written to a temporary name beside it, then renamed).
     pub output: PathBuf,
     /// Type for every 2-D weight; 1-D tensors keep their type.
-    #[arg(long = "type", value_enum, default_value = "q8_0")]
+    #[arg(long = "type", value_name = "TYPE", value_enum, default_value = "q8_0")]
     pub ty: TargetType,
     /// Alignment of the data section and of every tensor, in bytes (a power of two;
     /// 4096 puts every tensor on a page boundary). Default: the input's alignment.

@@ -9,12 +9,9 @@ use crate::types::{GgmlType, ValueType};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
-    #[error("cannot open {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The I/O error is part of the message (not a `source`), so it is printed once.
+    #[error("cannot open {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
 
     #[error("{context}: {inner}")]
     Context {

@@ -28,9 +28,9 @@ impl GgufFile {
     #[allow(unsafe_code)]
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref().to_path_buf();
-        let io_err = |source| GgufError::Io {
+        let io_err = |err| GgufError::Io {
             path: path.clone(),
-            source,
+            err,
         };
         let file = File::open(&path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
@@ -45,7 +45,15 @@ impl GgufFile {
         // is documented on this function and in models/README.md (files are replaced by
         // rename, never rewritten in place). The map is never exposed mutably.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let _span =
+            tracing::debug_span!("gguf_open", path = %path.display(), bytes = mmap.len()).entered();
         let gguf = Gguf::parse(&mmap).map_err(|e| e.context(path.display().to_string()))?;
+        tracing::debug!(
+            tensors = gguf.tensors.len(),
+            metadata = gguf.metadata.len(),
+            data_offset = gguf.data_offset,
+            "parsed GGUF header"
+        );
         Ok(GgufFile { gguf, mmap, path })
     }
 
