@@ -236,6 +236,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut groups = Vec::new();
     let total = procs.len() * args.repetitions * arms.len();
     let mut seq = 0;
+    let mut warned_eviction = false;
     'schedule: for &n in &procs {
         for repetition in 0..args.repetitions {
             for (arm_index, arm) in arms.iter().enumerate() {
@@ -256,6 +257,16 @@ pub fn run(args: Args) -> Result<()> {
                         None
                     }
                 };
+                if let Some(r) = residency_at_start.filter(|r| args.cold && r.fraction() > 0.5) {
+                    if !warned_eviction {
+                        eprintln!(
+                            "warning: --cold: {:.0}% of the model is still in the page cache after eviction \
+                             (tmpfs, or another process maps it)",
+                            100.0 * r.fraction()
+                        );
+                        warned_eviction = true;
+                    }
+                }
                 let spec = GroupSpec {
                     exe: &exe,
                     args: child_args(&args, arm, &ids_arg),

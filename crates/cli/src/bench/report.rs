@@ -31,6 +31,13 @@ pub const FIGURES: &[Figure] = &[
         label: "load ms",
         unit: Unit::Ms,
     },
+    // Only when the child reports it (the residency part of the load: map + import, or
+    // staging copy; the rest is Vulkan start-up and pipeline compilation).
+    Figure {
+        key: "weights_load_ms",
+        label: "  of which weights ms",
+        unit: Unit::Ms,
+    },
     Figure {
         key: "ttft_ms",
         label: "time to first token ms",
