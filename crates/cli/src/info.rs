@@ -1,9 +1,121 @@
-//! `vkdecode info` (placeholder until its issue lands).
+//! `vkdecode info`: every Vulkan device with its capabilities record (read from the
+//! driver), which one runs by default, and what `--weights auto` picks on each and why.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use anyhow::Context as _;
+use engine::{auto_decision, WeightsMode};
+use serde_json::json;
 
 /// Arguments of `info`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Show only device N (index as listed; the same N as `--device N`).
+    #[arg(long)]
+    device: Option<usize>,
+    /// Print one JSON array instead of text.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`info` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let all = vk::enumerate_devices().context("listing Vulkan devices")?;
+    if all.is_empty() {
+        anyhow::bail!("no Vulkan device found (on Debian/Ubuntu, `apt install mesa-vulkan-drivers` gives lavapipe)");
+    }
+    if let Some(d) = args.device {
+        anyhow::ensure!(
+            d < all.len(),
+            "--device {d}: only {} device(s) found",
+            all.len()
+        );
+    }
+    let chosen = vk::default_device(&all);
+    let shown: Vec<&vk::Capabilities> = all
+        .iter()
+        .filter(|c| args.device.is_none_or(|d| d == c.index))
+        .collect();
+    let mut out = String::new();
+    if args.json {
+        let arr: Vec<serde_json::Value> = shown
+            .iter()
+            .map(|c| to_json(c, chosen == Some(c.index)))
+            .collect();
+        out = serde_json::to_string_pretty(&arr)? + "\n";
+        return emit(&out);
+    }
+    for c in shown {
+        write!(out, "{c}")?;
+        let auto = auto_decision(c);
+        let arrow = match auto.mode {
+            WeightsMode::Import => "import",
+            _ => "copy",
+        };
+        writeln!(
+            out,
+            "  weights                      auto → {arrow}: {}",
+            auto.reason
+        )?;
+        if chosen == Some(c.index) {
+            writeln!(
+                out,
+                "  default                      yes (integrated, then discrete, then CPU; --device N overrides)"
+            )?;
+        }
+        writeln!(out)?;
+    }
+    emit(&out)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+fn to_json(c: &vk::Capabilities, default: bool) -> serde_json::Value {
+    let auto = auto_decision(c);
+    json!({
+        "index": c.index,
+        "name": c.name,
+        "device_type": c.device_type.as_str(),
+        "default": default,
+        "vendor_id": c.vendor_id,
+        "device_id": c.device_id,
+        "api_version": format!("{}.{}.{}", c.api_version.0, c.api_version.1, c.api_version.2),
+        "driver_name": c.driver_name,
+        "driver_info": c.driver_info,
+        "external_memory_host": c.external_memory_host,
+        "min_imported_host_pointer_alignment": c.min_imported_host_pointer_alignment,
+        "max_memory_allocation_size": c.max_memory_allocation_size,
+        "max_buffer_size": c.max_buffer_size,
+        "max_storage_buffer_range": c.max_storage_buffer_range,
+        "min_storage_buffer_offset_alignment": c.min_storage_buffer_offset_alignment,
+        "max_push_constants_size": c.max_push_constants_size,
+        "max_compute_work_group_count": c.max_compute_work_group_count,
+        "max_compute_work_group_size": c.max_compute_work_group_size,
+        "max_compute_work_group_invocations": c.max_compute_work_group_invocations,
+        "max_compute_shared_memory_size": c.max_compute_shared_memory_size,
+        "storage_buffer_8bit": c.storage_buffer_8bit,
+        "storage_buffer_16bit": c.storage_buffer_16bit,
+        "shader_int8": c.shader_int8,
+        "shader_int16": c.shader_int16,
+        "shader_int64": c.shader_int64,
+        "shader_float16": c.shader_float16,
+        "integer_dot_product": c.integer_dot_product,
+        "integer_dot_product_accelerated": c.integer_dot_product_accelerated,
+        "subgroup_size": c.subgroup_size,
+        "subgroup_operations": c.subgroup_operations,
+        "subgroup_in_compute": c.subgroup_in_compute,
+        "timestamp_valid_bits": c.timestamp_valid_bits,
+        "timestamp_period_ns": c.timestamp_period_ns,
+        "memory_heaps": c.memory_heaps.iter().map(|h| json!({"size": h.size, "device_local": h.device_local})).collect::<Vec<_>>(),
+        "memory_types": c.memory_types.iter().map(|t| json!({"heap": t.heap_index, "flags": t.flags})).collect::<Vec<_>>(),
+        "unified_memory": c.unified_memory,
+        "unsuitable": c.unsuitable,
+        "auto": { "mode": auto.mode, "reason": auto.reason },
+    })
 }

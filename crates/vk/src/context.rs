@@ -167,6 +167,15 @@ pub fn enumerate_devices() -> Result<Vec<Capabilities>, VkError> {
         .collect()
 }
 
+/// The device [`Context::new`] picks without an override: the first suitable one in the
+/// order integrated, discrete, CPU, anything else.
+pub fn default_device(all: &[Capabilities]) -> Option<usize> {
+    all.iter()
+        .filter(|c| c.unsuitable.is_none())
+        .min_by_key(|c| (c.device_type.rank(), c.index))
+        .map(|c| c.index)
+}
+
 /// Picks a device: the override, else integrated, discrete, CPU, anything (suitable only).
 fn choose(all: &[Capabilities], index: Option<usize>) -> Result<usize, VkError> {
     if let Some(i) = index {
@@ -182,11 +191,7 @@ fn choose(all: &[Capabilities], index: Option<usize>) -> Result<usize, VkError> 
         }
         return Ok(i);
     }
-    all.iter()
-        .filter(|c| c.unsuitable.is_none())
-        .min_by_key(|c| (c.device_type.rank(), c.index))
-        .map(|c| c.index)
-        .ok_or(VkError::NoDevice)
+    default_device(all).ok_or(VkError::NoDevice)
 }
 
 /// Queue + fence guarded together: submissions must be externally synchronised.

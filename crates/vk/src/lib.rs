@@ -26,7 +26,7 @@ pub use ash;
 pub use buffer::{Buffer, BufferBinding, BufferDesc, MemLocation};
 pub use caps::{Capabilities, DeviceType, MemoryHeapInfo, MemoryTypeInfo};
 pub use command::{CommandBuffer, QueryPool};
-pub use context::{enumerate_devices, Context, ContextOptions};
+pub use context::{default_device, enumerate_devices, Context, ContextOptions};
 pub use error::VkError;
 pub use import::ImportedBuffer;
 pub use kernels::Kernel;
