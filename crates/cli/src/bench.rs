@@ -212,7 +212,7 @@ pub fn run(args: Args) -> Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     eprintln!(
-        "bench: {} ({:.1} MB), arms {}, {} repetitions, prompt {} tokens ({}), decode {} tokens{}{}",
+        "bench: {} ({:.1} MB), arms {}, {} repetition(s), prompt {} tokens ({}), decode {} tokens{}{}",
         args.model.display(),
         file_size as f64 / 1e6,
         arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(" / "),

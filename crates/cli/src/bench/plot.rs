@@ -35,7 +35,7 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
     let root = SVGBackend::new(path, (480 * panels as u32, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
-        "vkdecode bench: {} ({:.0} MB), {} repetitions{}",
+        "vkdecode bench: {} ({:.0} MB), {} repetition(s) per arm{}",
         b.model
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())

@@ -556,7 +556,7 @@ pub fn table(b: &Bench, s: &Summary) -> String {
         ));
     }
     out.push_str(&format!(
-        "{} repetitions, arms alternating, prompt {} tokens, decode {} tokens, {}\n",
+        "{} repetition(s) per arm, arms alternating, prompt {} tokens, decode {} tokens, {}\n",
         b.args.repetitions,
         b.args.prompt_tokens,
         b.args.decode_tokens,
