@@ -19,8 +19,15 @@ pub struct Args {
     /// Also list every metadata key with a short rendering of its value.
     #[arg(long)]
     pub metadata: bool,
-    // ---- residency helper: the `--plan` flag (shard plan of the import path) goes
-    // ---- here, with its output added to `Report::plan` below. Not implemented here.
+    /// Also print the shard plan of the import path on the chosen Vulkan device.
+    #[arg(long)]
+    pub plan: bool,
+    /// Device for `--plan` (index as in `vkdecode info`); default: the one `run` picks.
+    #[arg(long, requires = "plan")]
+    pub device: Option<usize>,
+    /// Per-shard cap for `--plan`, as `--import-cap` of the main command (e.g. 256MiB).
+    #[arg(long = "import-cap", value_name = "SIZE", value_parser = crate::stats::parse_size, requires = "plan")]
+    pub import_cap: Option<u64>,
 }
 
 /// Model hyper-parameters (`<arch>.*` keys); absent keys are `None`.
@@ -91,7 +98,71 @@ pub struct Report {
     pub totals_by_type: BTreeMap<String, TypeTotal>,
     pub tensor_bytes: u64,
     pub parameters: u64,
-    // Residency helper: `plan: Option<...>` (from `--plan`) goes here.
+    /// The shard plan (`--plan`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanReport>,
+}
+
+/// `--plan`: how the weights would be cut into import shards on a device.
+#[derive(Serialize, Debug)]
+pub struct PlanReport {
+    pub device: String,
+    pub device_index: usize,
+    /// What `--weights auto` picks there, and why.
+    pub auto: engine::AutoDecision,
+    pub plan: engine::ShardPlan,
+}
+
+/// Plans the shards of `file` on device `device` (or the default one).
+fn plan_report(
+    file: &GgufFile,
+    device: Option<usize>,
+    import_cap: Option<u64>,
+) -> Result<PlanReport> {
+    let all = vk::enumerate_devices().context("listing Vulkan devices for --plan")?;
+    let index = match device {
+        Some(d) => d,
+        None => vk::default_device(&all).context("no usable Vulkan device for --plan")?,
+    };
+    let caps = all
+        .get(index)
+        .with_context(|| format!("--device {index}: only {} device(s) found", all.len()))?;
+    let plan = engine::residency::plan_for(caps, file, import_cap).context("planning shards")?;
+    Ok(PlanReport {
+        device: caps.name.clone(),
+        device_index: index,
+        auto: engine::auto_decision(caps),
+        plan,
+    })
+}
+
+fn print_plan(p: &PlanReport, r: &Report) {
+    let plan = &p.plan;
+    println!("shard plan on device {} ({})", p.device_index, p.device);
+    println!(
+        "  auto                 {:?}: {}",
+        p.auto.mode, p.auto.reason
+    );
+    println!("  alignment            {}", plan.align);
+    println!("  cap                  {}", plan.cap);
+    println!(
+        "  shards               {} ({} bytes)",
+        plan.shards.len(),
+        plan.total_bytes()
+    );
+    for (i, s) in plan.shards.iter().enumerate() {
+        let past = if s.past_mapping {
+            "  (past the mapping: imported from anonymous memory)"
+        } else {
+            ""
+        };
+        println!("  shard {i:<4} {:>12} + {:>12}{past}", s.start, s.len);
+    }
+    for (t, parts) in r.tensors.iter().zip(&plan.placements) {
+        if parts.len() > 1 {
+            println!("  {} split into {} row ranges", t.name, parts.len());
+        }
+    }
 }
 
 fn uint(g: &Gguf, key: &str) -> Option<u64> {
@@ -172,6 +243,7 @@ pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
         parameters: totals.values().map(|t| t.elements).sum(),
         tensors,
         totals_by_type: totals,
+        plan: None,
     }
 }
 
@@ -262,15 +334,21 @@ fn print_text(r: &Report) {
 pub fn run(args: Args) -> Result<()> {
     let file = GgufFile::open(&args.model)
         .with_context(|| format!("inspecting {}", args.model.display()))?;
-    let r = report(
+    let mut r = report(
         &args.model.display().to_string(),
         file.gguf(),
         args.metadata,
     );
+    if args.plan {
+        r.plan = Some(plan_report(&file, args.device, args.import_cap)?);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print_text(&r);
+        if let Some(p) = &r.plan {
+            print_plan(p, &r);
+        }
     }
     Ok(())
 }
