@@ -263,3 +263,9 @@ fn mlock_pins_or_says_why() {
     }
     assert_eq!(ctx.validation_errors(), 0);
 }
+
+#[test]
+fn weights_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Weights>();
+}

@@ -398,6 +398,14 @@ impl Context {
         Ok(())
     }
 
+    /// `(uniformTexelBufferOffsetAlignmentBytes or minTexelBufferOffsetAlignment,
+    /// maxTexelBufferElements)`, read from the driver.
+    pub(crate) fn texel_limits(&self) -> (u64, u32) {
+        // SAFETY: live instance and physical device.
+        let props = unsafe { self.instance.instance.get_physical_device_properties(self.physical_device) };
+        (props.limits.min_texel_buffer_offset_alignment, props.limits.max_texel_buffer_elements)
+    }
+
     pub(crate) fn device(&self) -> &ash::Device {
         &self.device
     }

@@ -92,7 +92,11 @@ impl ImportedBuffer {
         let mut ext_info = vk::ExternalMemoryBufferCreateInfo::default().handle_types(handle_type);
         let info = vk::BufferCreateInfo::default()
             .size(len)
-            .usage(vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::TRANSFER_SRC)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::UNIFORM_TEXEL_BUFFER
+                    | vk::BufferUsageFlags::TRANSFER_SRC,
+            )
             .sharing_mode(vk::SharingMode::EXCLUSIVE)
             .push_next(&mut ext_info);
         // SAFETY: valid create info on a live device.

@@ -21,6 +21,7 @@ mod error;
 mod import;
 mod kernels;
 mod pipeline;
+mod texel;
 
 pub use ash;
 pub use buffer::{Buffer, BufferBinding, BufferDesc, MemLocation};
@@ -30,4 +31,5 @@ pub use context::{default_device, enumerate_devices, Context, ContextOptions};
 pub use error::VkError;
 pub use import::ImportedBuffer;
 pub use kernels::Kernel;
-pub use pipeline::{DescriptorSet, Pipeline, PipelineDesc};
+pub use pipeline::{Descriptor, DescriptorKind, DescriptorSet, Pipeline, PipelineDesc};
+pub use texel::{BufferView, TexelFormat};

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::buffer::BufferBinding;
+use crate::texel::BufferView;
 use crate::error::{VkError, VkResultExt};
 use crate::{Context, Kernel};
 
@@ -30,6 +31,8 @@ pub struct PipelineDesc {
 struct SetAllocator {
     layout: vk::DescriptorSetLayout,
     n_bindings: u32,
+    /// Descriptor type of every binding.
+    kinds: Vec<DescriptorKind>,
     pools: Mutex<(
         Vec<vk::DescriptorPool>,
         u32, /* sets left in the last pool */
@@ -53,7 +56,34 @@ impl Drop for SetAllocator {
     }
 }
 
-/// A descriptor set (storage buffers) written once; keeps its pool alive.
+/// The descriptor type of one binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DescriptorKind {
+    /// `buffer` block in GLSL.
+    StorageBuffer,
+    /// `samplerBuffer` / `usamplerBuffer` read with `texelFetch`.
+    UniformTexelBuffer,
+}
+
+impl DescriptorKind {
+    fn vk(self) -> vk::DescriptorType {
+        match self {
+            DescriptorKind::StorageBuffer => vk::DescriptorType::STORAGE_BUFFER,
+            DescriptorKind::UniformTexelBuffer => vk::DescriptorType::UNIFORM_TEXEL_BUFFER,
+        }
+    }
+}
+
+/// What a binding of a set is written with.
+#[derive(Clone, Copy, Debug)]
+pub enum Descriptor<'a> {
+    /// A storage buffer range.
+    Buffer(BufferBinding),
+    /// A texel buffer view (kept alive by the caller while the set is in use).
+    Texel(&'a BufferView),
+}
+
+/// A descriptor set written once; keeps its pool alive.
 pub struct DescriptorSet {
     set: vk::DescriptorSet,
     _owner: Arc<SetAllocator>,
@@ -80,8 +110,21 @@ pub struct Pipeline {
 impl Pipeline {
     /// Builds the pipeline (the driver may compile it lazily on first dispatch).
     pub fn new(ctx: &Arc<Context>, desc: &PipelineDesc) -> Result<Pipeline, VkError> {
+        Pipeline::with_kinds(ctx, desc, &vec![DescriptorKind::StorageBuffer; desc.n_bindings as usize])
+    }
+
+    /// Builds a pipeline whose binding `i` has descriptor type `kinds[i]`
+    /// (`kinds.len() == desc.n_bindings`).
+    pub fn with_kinds(
+        ctx: &Arc<Context>,
+        desc: &PipelineDesc,
+        kinds: &[DescriptorKind],
+    ) -> Result<Pipeline, VkError> {
         let kernel = desc.kernel.name();
         let bad = |why: String| VkError::Pipeline { kernel, why };
+        if kinds.len() != desc.n_bindings as usize {
+            return Err(bad(format!("{} binding kinds for {} bindings", kinds.len(), desc.n_bindings)));
+        }
         if !desc.push_size.is_multiple_of(4) || desc.push_size > ctx.caps().max_push_constants_size
         {
             return Err(bad(format!(
@@ -95,7 +138,7 @@ impl Pipeline {
             .map(|b| {
                 vk::DescriptorSetLayoutBinding::default()
                     .binding(b)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_type(kinds[b as usize].vk())
                     .descriptor_count(1)
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
@@ -107,6 +150,7 @@ impl Pipeline {
         let sets = Arc::new(SetAllocator {
             layout: set_layout,
             n_bindings: desc.n_bindings,
+            kinds: kinds.to_vec(),
             pools: Mutex::new((Vec::new(), 0)),
             ctx: Arc::clone(ctx),
         });
@@ -191,38 +235,53 @@ impl Pipeline {
         })
     }
 
-    /// Allocates a set and writes `bindings` to bindings 0..n (all of them, in order).
+    /// Allocates a set and writes `bindings` to bindings 0..n (all of them, in order;
+    /// every binding of the layout must be a storage buffer).
     pub fn descriptor_set(&self, bindings: &[BufferBinding]) -> Result<DescriptorSet, VkError> {
+        let d: Vec<Descriptor<'_>> = bindings.iter().map(|b| Descriptor::Buffer(*b)).collect();
+        self.descriptor_set_with(&d)
+    }
+
+    /// Allocates a set and writes `descriptors` to bindings 0..n (all of them, in order),
+    /// each of the kind the layout declares.
+    pub fn descriptor_set_with(&self, descriptors: &[Descriptor<'_>]) -> Result<DescriptorSet, VkError> {
         let kernel = self.kernel.name();
         let caps = self.ctx.caps();
-        if bindings.len() as u32 != self.sets.n_bindings {
+        if descriptors.len() as u32 != self.sets.n_bindings {
             return Err(VkError::Pipeline {
                 kernel,
-                why: format!(
-                    "{} bindings given, the layout has {}",
-                    bindings.len(),
-                    self.sets.n_bindings
-                ),
+                why: format!("{} bindings given, the layout has {}", descriptors.len(), self.sets.n_bindings),
             });
         }
-        for (i, b) in bindings.iter().enumerate() {
-            if b.offset % caps.min_storage_buffer_offset_alignment.max(1) != 0 {
-                return Err(VkError::Pipeline {
-                    kernel,
-                    why: format!(
-                        "binding {i}: offset {} is not a multiple of minStorageBufferOffsetAlignment {}",
-                        b.offset, caps.min_storage_buffer_offset_alignment
-                    ),
-                });
-            }
-            if b.range == 0 || b.range > caps.max_storage_buffer_range {
-                return Err(VkError::Pipeline {
-                    kernel,
-                    why: format!(
-                        "binding {i}: range {} is 0 or above maxStorageBufferRange {}",
-                        b.range, caps.max_storage_buffer_range
-                    ),
-                });
+        for (i, (d, kind)) in descriptors.iter().zip(&self.sets.kinds).enumerate() {
+            match (d, kind) {
+                (Descriptor::Buffer(b), DescriptorKind::StorageBuffer) => {
+                    if b.offset % caps.min_storage_buffer_offset_alignment.max(1) != 0 {
+                        return Err(VkError::Pipeline {
+                            kernel,
+                            why: format!(
+                                "binding {i}: offset {} is not a multiple of minStorageBufferOffsetAlignment {}",
+                                b.offset, caps.min_storage_buffer_offset_alignment
+                            ),
+                        });
+                    }
+                    if b.range == 0 || b.range > caps.max_storage_buffer_range {
+                        return Err(VkError::Pipeline {
+                            kernel,
+                            why: format!(
+                                "binding {i}: range {} is 0 or above maxStorageBufferRange {}",
+                                b.range, caps.max_storage_buffer_range
+                            ),
+                        });
+                    }
+                }
+                (Descriptor::Texel(_), DescriptorKind::UniformTexelBuffer) => {}
+                _ => {
+                    return Err(VkError::Pipeline {
+                        kernel,
+                        why: format!("binding {i}: a {d:?} given where the layout declares {kind:?}"),
+                    })
+                }
             }
         }
         let dev = self.ctx.device();
@@ -233,57 +292,59 @@ impl Pipeline {
                 .lock()
                 .map_err(|_| VkError::Recording("descriptor pool mutex poisoned".into()))?;
             if pools.1 == 0 {
-                let sizes = [vk::DescriptorPoolSize {
-                    ty: vk::DescriptorType::STORAGE_BUFFER,
-                    descriptor_count: SETS_PER_POOL * self.sets.n_bindings.max(1),
-                }];
-                let info = vk::DescriptorPoolCreateInfo::default()
-                    .max_sets(SETS_PER_POOL)
-                    .pool_sizes(&sizes);
+                let count = |k: DescriptorKind| self.sets.kinds.iter().filter(|&&x| x == k).count() as u32;
+                let sizes: Vec<vk::DescriptorPoolSize> = [DescriptorKind::StorageBuffer, DescriptorKind::UniformTexelBuffer]
+                    .into_iter()
+                    .filter(|&k| count(k) > 0)
+                    .map(|k| vk::DescriptorPoolSize { ty: k.vk(), descriptor_count: SETS_PER_POOL * count(k) })
+                    .collect();
+                let info = vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes);
                 // SAFETY: valid create info on a live device.
-                let pool = unsafe { dev.create_descriptor_pool(&info, None) }
-                    .call("vkCreateDescriptorPool")?;
+                let pool = unsafe { dev.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")?;
                 pools.0.push(pool);
                 pools.1 = SETS_PER_POOL;
             }
             let pool = *pools.0.last().expect("a pool was just ensured");
             let layouts = [self.sets.layout];
-            let info = vk::DescriptorSetAllocateInfo::default()
-                .descriptor_pool(pool)
-                .set_layouts(&layouts);
+            let info = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
             // SAFETY: the pool is externally synchronised by the mutex and has room.
-            let set =
-                unsafe { dev.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?[0];
+            let set = unsafe { dev.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?[0];
             pools.1 -= 1;
             set
         };
-        let infos: Vec<[vk::DescriptorBufferInfo; 1]> = bindings
+        let buffer_infos: Vec<[vk::DescriptorBufferInfo; 1]> = descriptors
             .iter()
-            .map(|b| {
-                [vk::DescriptorBufferInfo {
-                    buffer: b.buffer,
-                    offset: b.offset,
-                    range: b.range,
-                }]
+            .map(|d| match d {
+                Descriptor::Buffer(b) => [vk::DescriptorBufferInfo { buffer: b.buffer, offset: b.offset, range: b.range }],
+                Descriptor::Texel(_) => [vk::DescriptorBufferInfo::default()],
             })
             .collect();
-        let writes: Vec<vk::WriteDescriptorSet> = infos
+        let views: Vec<[vk::BufferView; 1]> = descriptors
+            .iter()
+            .map(|d| match d {
+                Descriptor::Texel(v) => [v.raw()],
+                Descriptor::Buffer(_) => [vk::BufferView::null()],
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet> = descriptors
             .iter()
             .enumerate()
-            .map(|(i, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(i as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info)
+            .map(|(i, d)| {
+                let w = vk::WriteDescriptorSet::default().dst_set(set).dst_binding(i as u32);
+                match d {
+                    Descriptor::Buffer(_) => {
+                        w.descriptor_type(vk::DescriptorType::STORAGE_BUFFER).buffer_info(&buffer_infos[i])
+                    }
+                    Descriptor::Texel(_) => {
+                        w.descriptor_type(vk::DescriptorType::UNIFORM_TEXEL_BUFFER).texel_buffer_view(&views[i])
+                    }
+                }
             })
             .collect();
-        // SAFETY: the set is freshly allocated and not in use; buffers are live handles.
+        // SAFETY: the set is freshly allocated and not in use; buffers and views are live
+        // handles (the caller keeps views alive as long as the set is used).
         unsafe { dev.update_descriptor_sets(&writes, &[]) };
-        Ok(DescriptorSet {
-            set,
-            _owner: Arc::clone(&self.sets),
-        })
+        Ok(DescriptorSet { set, _owner: Arc::clone(&self.sets) })
     }
 
     /// The kernel.
@@ -307,7 +368,7 @@ impl Pipeline {
     /// Whether `set` fits this pipeline's layout (same number of storage bindings:
     /// identically defined set layouts are compatible).
     pub(crate) fn accepts(&self, set: &DescriptorSet) -> bool {
-        Arc::ptr_eq(&self.sets, &set._owner) || self.sets.n_bindings == set._owner.n_bindings
+        Arc::ptr_eq(&self.sets, &set._owner) || self.sets.kinds == set._owner.kinds
     }
 }
 

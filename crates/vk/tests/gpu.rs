@@ -382,3 +382,16 @@ fn recording_errors_surface_at_end() {
     .is_err());
     assert_eq!(ctx.validation_errors(), 0);
 }
+
+#[test]
+fn handles_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Context>();
+    send_sync::<Buffer>();
+    send_sync::<ImportedBuffer>();
+    send_sync::<Pipeline>();
+    send_sync::<vk::DescriptorSet>();
+    fn send<T: Send>() {}
+    send::<CommandBuffer>();
+    send::<QueryPool>();
+}

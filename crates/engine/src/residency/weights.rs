@@ -22,6 +22,8 @@ use crate::EngineError;
 
 /// Largest staging buffer alive during a copy load.
 const STAGING_MAX: u64 = 64 << 20;
+/// Copies at least this large report progress every 10%.
+const PROGRESS_MIN: u64 = 256 << 20;
 /// Below this share of the file in the page cache, load warns.
 const LOW_RESIDENCY: f64 = 0.5;
 
@@ -457,7 +459,16 @@ fn copy_shards(
             cmd.end()?;
             ctx.submit_and_wait(&cmd)?;
             off += n;
+            let before = done * 10 / total.max(1);
             done += n;
+            // Progress for large models (the CLI's subscriber shows it on a terminal).
+            if total >= PROGRESS_MIN && done * 10 / total.max(1) > before {
+                tracing::info!(
+                    done_mib = done >> 20,
+                    total_mib = total >> 20,
+                    "copying weights"
+                );
+            }
         }
         tracing::debug!(shard = i, done, total, "copied");
         out.push((i, buf));
