@@ -274,6 +274,7 @@ pub fn run(args: Args) -> Result<()> {
                     barrier: grouped,
                     timeout: Duration::from_secs(args.timeout),
                     dir: &dir,
+                    stderr_tail_bytes: 4096,
                 };
                 let result = child::run_group(&spec, &interrupted)?;
                 let group = GroupRecord {
@@ -479,6 +480,8 @@ fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
             barrier: false,
             timeout: Duration::from_secs(bench.args.timeout),
             dir: &dir,
+            // The profile table has a row per kernel and layer.
+            stderr_tail_bytes: 1 << 20,
         };
         let never = AtomicBool::new(false);
         let result = child::run_group(&spec, &never)?;

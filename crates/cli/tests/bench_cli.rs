@@ -439,7 +439,7 @@ fn bad_arguments_are_errors_not_panics() {
 }
 
 /// The same harness with the real engine: children on Vulkan (lavapipe in CI), one run
-/// per arm. Fails without a Vulkan device unless VKDECODE_ALLOW_NO_GPU=1.
+/// per arm, and `--profile`. Fails without a Vulkan device unless VKDECODE_ALLOW_NO_GPU=1.
 #[test]
 fn vulkan_children_report_the_residency_path_taken() {
     let dir = scratch("vulkan");
@@ -458,6 +458,7 @@ fn vulkan_children_report_the_residency_path_taken() {
             "2",
             "--timeout",
             "300",
+            "--profile",
             "--json",
         ])
         .arg(&json)
@@ -471,7 +472,20 @@ fn vulkan_children_report_the_residency_path_taken() {
         eprintln!("note: no Vulkan device, skipping (VKDECODE_ALLOW_NO_GPU=1):\n{stderr}");
         return;
     }
-    ok(&out);
+    let stdout = ok(&out);
+    // --profile: one more child per mode, its per-kernel table printed after the A/B.
+    for mode in ["import", "copy"] {
+        let head = format!("per-kernel GPU time of one decode token, {mode}:");
+        let section = stdout
+            .split(&head)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {head:?} in\n{stdout}\nstderr:\n{stderr}"));
+        let first = section.lines().nth(1).unwrap_or("");
+        assert!(
+            first.starts_with("kernel"),
+            "{mode}: the profile table is missing:\n{section}"
+        );
+    }
     let j = read_json(&json);
     assert_eq!(j["backend"], "vulkan");
     assert!(j["device"].is_string());

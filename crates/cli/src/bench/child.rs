@@ -96,6 +96,8 @@ pub struct GroupSpec<'a> {
     pub timeout: Duration,
     /// A directory (empty, private to this group) for stats, stderr and barrier files.
     pub dir: &'a Path,
+    /// How much of each child's stderr to keep (its end).
+    pub stderr_tail_bytes: u64,
 }
 
 /// What a group produced.
@@ -243,7 +245,7 @@ pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResu
 
     let mut children: Vec<ChildResult> = running
         .into_iter()
-        .map(|r| finish(r, spec.timeout))
+        .map(|r| finish(r, spec.timeout, spec.stderr_tail_bytes))
         .collect();
     children.extend(spawn_failures);
     Ok(GroupResult {
@@ -269,8 +271,8 @@ fn pids_at(dir: &Path, stage: &str) -> BTreeSet<u32> {
         .unwrap_or_default()
 }
 
-fn finish(r: Running, timeout: Duration) -> ChildResult {
-    let stderr_tail = tail(&r.stderr_path, 4096);
+fn finish(r: Running, timeout: Duration, tail_bytes: u64) -> ChildResult {
+    let stderr_tail = tail(&r.stderr_path, tail_bytes);
     let (status, wall_ms) = match r.exit {
         Some(e) => e,
         None => {
