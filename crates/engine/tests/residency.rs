@@ -89,6 +89,14 @@ fn import_equals_copy(name: &str, cap: Option<u64>) -> (Weights, Weights) {
         "copy",
     );
     assert_eq!(imp.gpu_checksums().unwrap(), cp.gpu_checksums().unwrap());
+    eprintln!(
+        "{name} cap {cap:?}: import {:.1} ms ({} shards), copy {:.1} ms, {} of {} bytes resident at load",
+        imp.report().load_ms,
+        imp.plan().shards.len(),
+        cp.report().load_ms,
+        imp.report().file_resident_bytes,
+        imp.report().model_bytes
+    );
     assert_eq!(imp.report().device_bytes, 0);
     assert!(imp.report().imported_bytes >= file.bytes().len() as u64 - file.gguf().data_offset);
     assert!(cp.report().device_bytes >= file.bytes().len() as u64 - file.gguf().data_offset);
