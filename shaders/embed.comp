@@ -1,6 +1,7 @@
 // variants: q8_0=-DWTYPE_Q8_0 q4_0=-DWTYPE_Q4_0 q4_1=-DWTYPE_Q4_1 f16=-DWTYPE_F16 f32=-DWTYPE_F32
 #version 450
-// X[t] = row step_tokens[t] of the embedding table, dequantised in registers.
+// X[t] = row step_tokens[t] of the embedding table, dequantised in registers, and
+// XG[t] = X[t] ∘ g, the first layer's rmsnorm input (see matmul.comp).
 // CPU twin: reference::kernels::embedding_row. One invocation per 64-element chunk.
 // A table larger than one binding comes as up to three row-range parts (bindings 0..2).
 #extension GL_GOOGLE_include_directive : require
@@ -10,21 +11,31 @@
 
 layout(local_size_x_id = 0) in;
 
-layout(std430, set = 0, binding = 0) readonly buffer W0 { uint w0[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W1 { uint w1[]; };
-layout(std430, set = 0, binding = 2) readonly buffer W2 { uint w2[]; };
+// The table's parts as R32UI texel buffers (see quant.glsl).
+layout(set = 0, binding = 0) uniform usamplerBuffer w0;
+layout(set = 0, binding = 1) uniform usamplerBuffer w1;
+layout(set = 0, binding = 2) uniform usamplerBuffer w2;
 layout(std430, set = 0, binding = 3) writeonly buffer X { vec4 x4[]; };
 STEP_BUFFER(4)
+layout(std430, set = 0, binding = 5) writeonly buffer XG { vec4 xg4[]; };
+layout(std430, set = 0, binding = 6) readonly buffer G { float g[]; };
 
 // Rust twin: engine::kernels::EmbedPush (48 bytes).
 layout(push_constant) uniform Push {
     uint ncols;       // row length, a multiple of 64
     uint out_ld;      // floats between token rows of X
     uint n_tok;
-    uint pad;
+    uint g_ofs;       // float offset of g inside its binding
     uvec4 part_end;   // rows [part_end[v-1], part_end[v]) live in binding v
     uvec4 wofs;       // word offset of part v's first row inside binding v
 } pc;
+
+#define EMIT(v, qi)                                                                       \
+    {                                                                                     \
+        x4[o + qi] = v;                                                                   \
+        uint e_ = pc.g_ofs + 64u * c + 4u * qi;                                           \
+        xg4[o + qi] = v * vec4(g[e_], g[e_ + 1u], g[e_ + 2u], g[e_ + 3u]);                \
+    }
 
 void main() {
     uint c = gl_GlobalInvocationID.x;
@@ -39,10 +50,10 @@ void main() {
     uint base = pc.wofs[part] + (row - first) * nchunks * CHUNK_WORDS + c * CHUNK_WORDS;
     uint o = t * (pc.out_ld / 4u) + c * 16u;
     if (part == 0u) {
-        FOR_EACH_QUAD(w0, base, x4[o + qi] = wq;)
+        FOR_EACH_QUAD(w0, base, EMIT(wq, qi))
     } else if (part == 1u) {
-        FOR_EACH_QUAD(w1, base, x4[o + qi] = wq;)
+        FOR_EACH_QUAD(w1, base, EMIT(wq, qi))
     } else {
-        FOR_EACH_QUAD(w2, base, x4[o + qi] = wq;)
+        FOR_EACH_QUAD(w2, base, EMIT(wq, qi))
     }
 }

@@ -5,12 +5,15 @@
 // add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
 //
 // Each invocation computes PAIRS pairs of rows for TB (1..4) tokens. Lanes of a workgroup
-// take neighbouring pairs, so the X reads (the same address in every lane) are uniform
-// loads, and every weight word loaded is used for TB tokens. With IN_RMSNORM the
-// workgroup first writes the normalised input of its tokens to shared memory. A pair is:
+// take neighbouring pairs; every weight word fetched is used for TB tokens. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
+//
+// rmsnorm is folded without a pass of its own: W·(x/rms(x)∘g) = (W·(x∘g)) / rms(x). The
+// dispatch that writes the residual x (OUT_ADD, or the embedding) also writes xg = x∘g for
+// the next norm weight g; an IN_RMSNORM dispatch reads xg as X, takes rms from the raw x
+// (XR) once per token, and scales its sums at the end.
 #extension GL_GOOGLE_include_directive : require
 
 #include "quant.glsl"
@@ -22,7 +25,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint PAIRS = 4u;    // row pairs per invocation
 layout(constant_id = 2) const uint TB = 1u;       // tokens per invocation, 1..4
-layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 rmsnorm(X) with aux = weight
+layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 X = x∘g with 1/rms from XR
 layout(constant_id = 4) const uint OUT_MODE = 0u; // 0 store, 1 add, 2 qkv, 3 glu
 layout(constant_id = 5) const uint ROPE_NEOX = 0u;
 layout(constant_id = 6) const uint N_VIEWS = 1u;
@@ -32,20 +35,18 @@ const uint OUT_STORE = 0u;
 const uint OUT_ADD = 1u;
 const uint OUT_QKV = 2u;
 const uint OUT_GLU = 3u;
-// Shared copy of the normalised input: TB * ncols floats, at most 32 KiB.
-const uint XS_VEC4 = 2048u;
 
-layout(std430, set = 0, binding = 0) readonly buffer W0 { uint w0[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W1 { uint w1[]; };
-layout(std430, set = 0, binding = 2) readonly buffer W2 { uint w2[]; };
-layout(std430, set = 0, binding = 3) readonly buffer X { vec4 x4[]; };
-layout(std430, set = 0, binding = 4) readonly buffer Aux { float aux[]; };
+// Weights (R32UI) and input (RGBA32F) are texel buffers: see quant.glsl.
+layout(set = 0, binding = 0) uniform usamplerBuffer w0;
+layout(set = 0, binding = 1) uniform usamplerBuffer w1;
+layout(set = 0, binding = 2) uniform usamplerBuffer w2;
+layout(set = 0, binding = 3) uniform samplerBuffer x4;
+layout(std430, set = 0, binding = 4) readonly buffer Aux { float aux[]; };  // next norm weight
 layout(std430, set = 0, binding = 5) buffer Out0 { float out0[]; };
 layout(std430, set = 0, binding = 6) buffer Out1 { float out1[]; };
 layout(std430, set = 0, binding = 7) buffer Out2 { float out2[]; };
 STEP_BUFFER(8)
-
-shared vec4 xs[XS_VEC4];
+layout(set = 0, binding = 9) uniform samplerBuffer xr4;  // raw residual (IN_RMSNORM)
 
 float dot4(vec4 a, vec4 b, float acc) {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
@@ -56,23 +57,20 @@ uint x_row(uint t) {
     return pc.x_tok0 + min(gl_WorkGroupID.y * TB + t, pc.n_tok - 1u);
 }
 
-// 1 / sqrt(mean(x^2) + eps) of token row `row` of X.
+// 1 / sqrt(mean(x^2) + eps) of token row `row` of XR.
 float rms_scale(uint row) {
     uint base = row * (pc.x_ld / 4u);
     float ss = 0.0;
     for (uint i = 0u; i < pc.ncols / 4u; i++) {
-        vec4 v = x4[base + i];
+        vec4 v = texelFetch(xr4, int(base + i));
         ss = dot4(v, v, ss);
     }
     return inversesqrt(ss / float(pc.ncols) + pc.eps);
 }
 
-// Elements 4q..4q+3 of the (normalised) input of the workgroup's token t.
+// Elements 4q..4q+3 of X for the workgroup's token t.
 vec4 xq(uint t, uint q) {
-    if (IN_MODE == IN_RMSNORM) {
-        return xs[t * (pc.ncols / 4u) + q];
-    }
-    return x4[x_row(t) * (pc.x_ld / 4u) + q];
+    return texelFetch(x4, int(x_row(t) * (pc.x_ld / 4u) + q));
 }
 
 // acc (one component per token) += row at word `base` of BUF · X
@@ -100,18 +98,13 @@ void main() {
     uint row_words = nchunks * CHUNK_WORDS;
     uint pos0 = step_pos0;
 
+    // 1/rms of each token's residual (1 without the norm)
+    vec4 scale = vec4(1.0);
     if (IN_MODE == IN_RMSNORM) {
-        // xs[t] = rmsnorm(X[token t]) * weight, written cooperatively
-        uint nq = pc.ncols / 4u;
-        for (uint t = 0u; t < TB; t++) {
-            float scale = rms_scale(x_row(t));
-            uint xb = x_row(t) * (pc.x_ld / 4u);
-            for (uint q = gl_LocalInvocationID.x; q < nq; q += gl_WorkGroupSize.x) {
-                uint a = pc.aux_ofs + 4u * q;
-                xs[t * nq + q] = x4[xb + q] * scale * vec4(aux[a], aux[a + 1u], aux[a + 2u], aux[a + 3u]);
-            }
-        }
-        barrier();
+        scale.x = rms_scale(x_row(0u));
+        if (TB > 1u) { scale.y = rms_scale(x_row(1u)); }
+        if (TB > 2u) { scale.z = rms_scale(x_row(2u)); }
+        if (TB > 3u) { scale.w = rms_scale(x_row(3u)); }
     }
 
     for (uint i = 0u; i < PAIRS; i++) {
@@ -159,15 +152,21 @@ void main() {
             if (tt >= pc.n_tok) {
                 break;
             }
-            float a = acc_a[t];
-            float b = acc_b[t];
+            float a = acc_a[t] * scale[t];
+            float b = acc_b[t] * scale[t];
             uint o = tt * pc.out_ld;
             if (OUT_MODE == OUT_STORE) {
                 out0[o + ga] = a;
                 if (b_ok) out0[o + gb] = b;
             } else if (OUT_MODE == OUT_ADD) {
-                out0[o + ga] += a;
-                if (b_ok) out0[o + gb] += b;
+                float xa = out0[o + ga] + a;
+                out0[o + ga] = xa;
+                if (pc.write_xg != 0u) out1[o + ga] = xa * aux[pc.aux_ofs + ga];
+                if (b_ok) {
+                    float xb = out0[o + gb] + b;
+                    out0[o + gb] = xb;
+                    if (pc.write_xg != 0u) out1[o + gb] = xb * aux[pc.aux_ofs + gb];
+                }
             } else if (OUT_MODE == OUT_GLU) {
                 out0[o + ga] = swiglu(a, b);
             } else { // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt

@@ -6,11 +6,13 @@
 // types), CHUNK_WORDS u32 words long, so a chunk always starts on a 4-byte boundary when
 // the row length is a multiple of 64 (the host checks that).
 //
-// FOR_EACH_QUAD(BUF, base, BODY) streams the chunk starting at word `base` of buffer
-// BUF and runs BODY once per group of four consecutive elements ("quad"), with
+// FOR_EACH_QUAD(BUF, base, BODY) streams the chunk starting at word `base` of the weight
+// binding BUF (a `usamplerBuffer` of R32UI texels read with texelFetch: on lavapipe a plain
+// gather, where a storage-buffer load inside control flow becomes a per-lane loop with a
+// bounds check) and runs BODY once per group of four consecutive elements ("quad"), with
 //   vec4 wq  -- the four elements, dequantised (scale applied)
 //   uint qi  -- the quad's index in the chunk (elements 4qi..4qi+3), 0..15
-// It is a macro because GLSL cannot pass a buffer to a function, and it keeps no arrays:
+// It is a macro so one body serves every binding, and it keeps no arrays:
 // lavapipe turns dynamically indexed private arrays into slow per-lane code.
 //
 // Rust twins (crates/gguf/src/quant.rs):
@@ -20,6 +22,8 @@
 //         (Q4_*: byte j's low nibble is element j, its high nibble element j + 16)
 //   F16   half                                      2 bytes
 //   F32   float                                     4 bytes
+
+#define WORD(BUF, i) texelFetch(BUF, int(i)).x
 
 // int8 lanes of a word, each placed in the top byte so the conversion is exact and
 // signed; the 2^-24 is folded into the block scale.
@@ -40,10 +44,10 @@ vec4 nibbles(uint q, uint shift) {
 #define CHUNK_WORDS 17u
 #define FOR_EACH_QUAD(BUF, base, BODY)                                                    \
     {                                                                                     \
-        uint prev_ = BUF[(base)];                                                         \
+        uint prev_ = WORD(BUF, (base));                                                         \
         float d_ = unpackHalf2x16(prev_).x * (1.0 / 16777216.0);                          \
         for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
-            uint cur_ = BUF[(base) + 1u + k_];                                            \
+            uint cur_ = WORD(BUF, (base) + 1u + k_);                                            \
             vec4 wq = d_ * i8x4_shifted((prev_ >> 16) | (cur_ << 16));                    \
             uint qi = k_;                                                                 \
             BODY                                                                          \
@@ -51,7 +55,7 @@ vec4 nibbles(uint q, uint shift) {
         }                                                                                 \
         d_ = unpackHalf2x16(prev_).y * (1.0 / 16777216.0);                                \
         for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
-            vec4 wq = d_ * i8x4_shifted(BUF[(base) + 9u + k_]);                           \
+            vec4 wq = d_ * i8x4_shifted(WORD(BUF, (base) + 9u + k_));                           \
             uint qi = 8u + k_;                                                            \
             BODY                                                                          \
         }                                                                                 \
@@ -63,10 +67,10 @@ vec4 nibbles(uint q, uint shift) {
 #define CHUNK_WORDS 9u
 #define FOR_EACH_QUAD(BUF, base, BODY)                                                    \
     {                                                                                     \
-        uint prev_ = BUF[(base)];                                                         \
+        uint prev_ = WORD(BUF, (base));                                                         \
         float d_ = unpackHalf2x16(prev_).x;                                               \
         for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint cur_ = BUF[(base) + 1u + k_];                                            \
+            uint cur_ = WORD(BUF, (base) + 1u + k_);                                            \
             uint q_ = (prev_ >> 16) | (cur_ << 16);                                       \
             {                                                                             \
                 vec4 wq = d_ * (nibbles(q_, 0u) - 8.0);                                   \
@@ -82,7 +86,7 @@ vec4 nibbles(uint q, uint shift) {
         }                                                                                 \
         d_ = unpackHalf2x16(prev_).y;                                                     \
         for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint q_ = BUF[(base) + 5u + k_];                                              \
+            uint q_ = WORD(BUF, (base) + 5u + k_);                                              \
             {                                                                             \
                 vec4 wq = d_ * (nibbles(q_, 0u) - 8.0);                                   \
                 uint qi = 8u + k_;                                                        \
@@ -101,9 +105,9 @@ vec4 nibbles(uint q, uint shift) {
 #define CHUNK_WORDS 10u
 #define FOR_EACH_QUAD(BUF, base, BODY)                                                    \
     for (uint b_ = 0u; b_ < 2u; b_++) {                                                   \
-        vec2 dm_ = unpackHalf2x16(BUF[(base) + 5u * b_]);                                 \
+        vec2 dm_ = unpackHalf2x16(WORD(BUF, (base) + 5u * b_));                                 \
         for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint q_ = BUF[(base) + 5u * b_ + 1u + k_];                                    \
+            uint q_ = WORD(BUF, (base) + 5u * b_ + 1u + k_);                                    \
             {                                                                             \
                 vec4 wq = fma(vec4(dm_.x), nibbles(q_, 0u), vec4(dm_.y));                 \
                 uint qi = 8u * b_ + k_;                                                   \
@@ -121,8 +125,8 @@ vec4 nibbles(uint q, uint shift) {
 #define CHUNK_WORDS 32u
 #define FOR_EACH_QUAD(BUF, base, BODY)                                                    \
     for (uint qi = 0u; qi < 16u; qi++) {                                                  \
-        vec4 wq = vec4(unpackHalf2x16(BUF[(base) + 2u * qi]),                             \
-                       unpackHalf2x16(BUF[(base) + 2u * qi + 1u]));                       \
+        vec4 wq = vec4(unpackHalf2x16(WORD(BUF, (base) + 2u * qi)),                             \
+                       unpackHalf2x16(WORD(BUF, (base) + 2u * qi + 1u)));                       \
         BODY                                                                              \
     }
 
@@ -131,7 +135,7 @@ vec4 nibbles(uint q, uint shift) {
 #define FOR_EACH_QUAD(BUF, base, BODY)                                                    \
     for (uint qi = 0u; qi < 16u; qi++) {                                                  \
         uint o_ = (base) + 4u * qi;                                                       \
-        vec4 wq = uintBitsToFloat(uvec4(BUF[o_], BUF[o_ + 1u], BUF[o_ + 2u], BUF[o_ + 3u])); \
+        vec4 wq = uintBitsToFloat(uvec4(WORD(BUF, o_), WORD(BUF, o_ + 1u), WORD(BUF, o_ + 2u), WORD(BUF, o_ + 3u))); \
         BODY                                                                              \
     }
 

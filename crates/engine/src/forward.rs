@@ -140,6 +140,7 @@ impl Recorder<'_> {
                 head_dim: self.cfg.head_dim as u32,
                 eps: self.cfg.rms_eps,
                 aux_ofs: call.aux_ofs,
+                write_xg: u32::from(call.write_xg),
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{Kernel, Pipeline, PipelineDesc};
+use vk::{DescriptorKind, Kernel, Pipeline, PipelineDesc};
 
 use crate::EngineError;
 
@@ -24,9 +24,6 @@ use crate::EngineError;
 pub const CHUNK: usize = 64;
 /// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
 pub const STEP_FREQS_MAX: usize = 128;
-/// Floats of normalised input `matmul.comp` keeps in shared memory (`XS_VEC4 * 4`):
-/// tokens per invocation × row length must not exceed it.
-pub const MAX_NORM_FLOATS: u32 = 8192;
 /// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
 pub const MAX_REDUCE_WG: u32 = 256;
 
@@ -62,10 +59,12 @@ pub struct MatmulPush {
     pub wofs: [u32; 4],
     /// Global row of each view's first row.
     pub orow: [u32; 4],
-    /// Float offset of the norm weight inside the aux binding.
+    /// Float offset of the next norm weight inside the aux binding (OUT_ADD).
     pub aux_ofs: u32,
+    /// OUT_ADD: also write `out1 = x * aux` (the next rmsnorm's input), when non-zero.
+    pub write_xg: u32,
 }
-const _: () = assert!(std::mem::size_of::<MatmulPush>() == 100);
+const _: () = assert!(std::mem::size_of::<MatmulPush>() == 104);
 
 /// Push constants of `embed.comp`.
 #[repr(C)]
@@ -74,7 +73,8 @@ pub struct EmbedPush {
     pub ncols: u32,
     pub out_ld: u32,
     pub n_tok: u32,
-    pub pad: u32,
+    /// Float offset of the first norm weight inside its binding.
+    pub g_ofs: u32,
     /// Rows `[part_end[v-1], part_end[v])` live in binding `v`.
     pub part_end: [u32; 4],
     pub wofs: [u32; 4],
@@ -107,7 +107,7 @@ pub struct ArgmaxPush {
 pub enum InMode {
     /// `X` as is.
     Plain = 0,
-    /// `rmsnorm(X) ⊙ aux` (aux = the norm weight), the scale computed per token.
+    /// `X = x∘g` (written by the producer of x), the result scaled by `1/rms(XR)`.
     RmsNorm = 1,
 }
 
@@ -116,7 +116,7 @@ pub enum InMode {
 pub enum OutMode {
     /// `out0 = Y`.
     Store = 0,
-    /// `out0 += Y` (the residual add).
+    /// `out0 += Y` (the residual add), and optionally `out1 = out0 ∘ aux`.
     Add = 1,
     /// Views q, k, v: rope q and k; q to out0, k and v to the caches (out1, out2) at
     /// position `pos0 + t`.
@@ -214,10 +214,33 @@ fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
     })
 }
 
-/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step.
-pub const MATMUL_BINDINGS: u32 = 9;
-/// Bindings of `embed.comp`: w0, w1, w2, x, step.
-pub const EMBED_BINDINGS: u32 = 5;
+/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
+pub const MATMUL_BINDINGS: u32 = 10;
+/// Descriptor kinds of `matmul.comp`: weights (R32UI), x and xr (RGBA32F) are texel buffers.
+pub const MATMUL_KINDS: [DescriptorKind; 10] = [
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::UniformTexelBuffer,
+];
+/// Bindings of `embed.comp`: w0, w1, w2, x, step, xg, g.
+pub const EMBED_BINDINGS: u32 = 7;
+/// Descriptor kinds of `embed.comp`: the table parts are R32UI texel buffers.
+pub const EMBED_KINDS: [DescriptorKind; 7] = [
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+];
 /// Bindings of `attention.comp`: q, k cache, v cache, scores, out, step.
 pub const ATTENTION_BINDINGS: u32 = 6;
 /// Bindings of `argmax.comp`: logits, result.
@@ -265,7 +288,7 @@ impl Kernels {
     /// The matmul pipeline for `key`, created on first request.
     pub fn matmul(&mut self, key: MatmulKey) -> Result<&Pipeline, EngineError> {
         if !self.matmul.contains_key(&key) {
-            let p = Pipeline::new(
+            let p = Pipeline::with_kinds(
                 &self.ctx,
                 &PipelineDesc {
                     kernel: matmul_kernel(key.wtype)?,
@@ -281,6 +304,7 @@ impl Kernels {
                         key.n_views,
                     ],
                 },
+                &MATMUL_KINDS,
             )?;
             self.matmul.insert(key, p);
         }
@@ -295,7 +319,7 @@ impl Kernels {
     /// The embedding pipeline for a table of type `ty`, created on first request.
     pub fn embed(&mut self, ty: GgmlType) -> Result<&Pipeline, EngineError> {
         if !self.embed.contains_key(&ty) {
-            let p = Pipeline::new(
+            let p = Pipeline::with_kinds(
                 &self.ctx,
                 &PipelineDesc {
                     kernel: embed_kernel(ty)?,
@@ -303,6 +327,7 @@ impl Kernels {
                     push_size: std::mem::size_of::<EmbedPush>() as u32,
                     spec: vec![EMBED_WG],
                 },
+                &EMBED_KINDS,
             )?;
             self.embed.insert(ty, p);
         }

@@ -13,7 +13,9 @@
 
 use gguf::GgmlType;
 use reference::{Arch, Config, RopeMode};
-use vk::{BufferBinding, DescriptorSet};
+use std::sync::Arc;
+
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet, TexelFormat};
 
 use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
 use crate::residency::{TensorView, Weights};
@@ -53,6 +55,8 @@ pub struct MatmulCall {
     pub x_ld: u32,
     pub out_ld: u32,
     pub aux_ofs: u32,
+    /// OUT_ADD: also write x∘aux (the next rmsnorm's input) into out1.
+    pub write_xg: bool,
     /// Reads only the last token of the batch (the logits).
     pub last_token_only: bool,
 }
@@ -74,6 +78,8 @@ pub struct EmbedCall {
 }
 
 /// The whole graph, bound.
+///
+/// Field order is drop order: the descriptor sets go before the texel views they name.
 pub struct GpuModel {
     pub embed: EmbedCall,
     pub layers: Vec<LayerCalls>,
@@ -82,6 +88,38 @@ pub struct GpuModel {
     /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
     pub neox: bool,
     pub head_dim: u32,
+    /// Texel views of the weights and activations the sets read.
+    pub views: Vec<Arc<BufferView>>,
+}
+
+/// Texel views shared by the dispatches of the graph.
+struct Views {
+    ctx: Arc<vk::Context>,
+    /// R32UI view of 16 bytes for weight slots a dispatch does not use.
+    dummy_w: Arc<BufferView>,
+    /// RGBA32F views of the activations read as matmul input.
+    x: Arc<BufferView>,
+    xg: Arc<BufferView>,
+    att_out: Arc<BufferView>,
+    hb: Arc<BufferView>,
+    all: Vec<Arc<BufferView>>,
+}
+
+impl Views {
+    fn new(ctx: &Arc<vk::Context>, acts: &Activations) -> Result<Views, EngineError> {
+        let f = |b: &vk::Buffer| BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).map(Arc::new);
+        let dummy_w = Arc::new(BufferView::new(ctx, acts.dummy.binding(), TexelFormat::R32Uint)?);
+        let (x, xg, att_out, hb) = (f(&acts.x)?, f(&acts.xg)?, f(&acts.att_out)?, f(&acts.hb)?);
+        let all = vec![Arc::clone(&dummy_w), Arc::clone(&x), Arc::clone(&xg), Arc::clone(&att_out), Arc::clone(&hb)];
+        Ok(Views { ctx: Arc::clone(ctx), dummy_w, x, xg, att_out, hb, all })
+    }
+
+    /// An R32UI view of a weight part (kept alive by the model).
+    fn weights(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
+        let v = Arc::new(BufferView::new(&self.ctx, binding, TexelFormat::R32Uint)?);
+        self.all.push(Arc::clone(&v));
+        Ok(v)
+    }
 }
 
 /// The matmul pipeline key of `call` for a batch kind.
@@ -101,14 +139,11 @@ fn key_of(
     neox: bool,
     head_dim: u32,
 ) -> MatmulKey {
-    let mut shape = match batch {
+    let _ = ncols;
+    let shape = match batch {
         Batch::Prefill if !last_token_only => PREFILL_SHAPE,
         _ => DECODE_SHAPE,
     };
-    if in_mode == InMode::RmsNorm {
-        // the normalised input of TB tokens must fit the kernel's shared array
-        shape.tb = shape.tb.min((kernels::MAX_NORM_FLOATS / ncols.max(1)).max(1));
-    }
     let mut pairs = shape.pairs;
     let qkv_neox = out_mode == OutMode::Qkv && neox;
     if qkv_neox {
@@ -182,8 +217,12 @@ struct MatmulSpec<'a> {
     in_mode: InMode,
     out_mode: OutMode,
     n_views: u32,
-    x: BufferBinding,
+    /// The dot input (xg for IN_RMSNORM).
+    x: Arc<BufferView>,
+    /// The raw residual the rms is taken of (IN_RMSNORM).
+    xr: Option<Arc<BufferView>>,
     x_ld: usize,
+    /// OUT_ADD: the next norm weight; with it, out1 receives x∘aux.
     aux: Option<(BufferBinding, u32)>,
     outs: [Option<BufferBinding>; 3],
     out_ld: usize,
@@ -192,7 +231,13 @@ struct MatmulSpec<'a> {
 
 impl GpuModel {
     /// Binds every dispatch and creates every pipeline they need.
-    pub fn build(cfg: &Config, weights: &Weights, acts: &Activations, kernels: &mut Kernels) -> Result<GpuModel, EngineError> {
+    pub fn build(
+        ctx: &Arc<vk::Context>,
+        cfg: &Config,
+        weights: &Weights,
+        acts: &Activations,
+        kernels: &mut Kernels,
+    ) -> Result<GpuModel, EngineError> {
         if cfg.arch != Arch::Llama && cfg.arch != Arch::Qwen2 {
             return Err(EngineError::Unsupported(format!("architecture {}", cfg.arch.name())));
         }
@@ -217,9 +262,11 @@ impl GpuModel {
         let (dim, hidden, q_dim, kv_dim) = (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
         let dummy = acts.dummy.binding();
         let head_dim = to_u32(hd as u64, "head_dim")?;
+        let mut views = Views::new(ctx, acts)?;
 
         let embed_view = matrix(weights, "token_embd.weight", cfg.vocab_size, dim)?;
-        let embed = embed_call(embed_view, acts, kernels, dim)?;
+        let first_norm = vector(weights, "blk.0.attn_norm.weight", dim)?;
+        let embed = embed_call(embed_view, first_norm, acts, kernels, &mut views, dim)?;
 
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -231,8 +278,13 @@ impl GpuModel {
             let gate = matrix(weights, &t("ffn_gate"), hidden, dim)?;
             let up = matrix(weights, &t("ffn_up"), hidden, dim)?;
             let down = matrix(weights, &t("ffn_down"), dim, hidden)?;
-            let attn_norm = vector(weights, &t("attn_norm"), dim)?;
             let ffn_norm = vector(weights, &t("ffn_norm"), dim)?;
+            // the norm applied after this layer: the next layer's attn_norm, or output_norm
+            let next_norm = if l + 1 < cfg.n_layers {
+                vector(weights, &format!("blk.{}.attn_norm.weight", l + 1), dim)?
+            } else {
+                vector(weights, "output_norm.weight", dim)?
+            };
             let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
 
             let qkv = MatmulSpec {
@@ -241,9 +293,10 @@ impl GpuModel {
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Qkv,
                 n_views: 3,
-                x: acts.x.binding(),
+                x: Arc::clone(&views.xg),
+                xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
-                aux: Some(attn_norm),
+                aux: None,
                 outs: [Some(acts.q.binding()), Some(kc), Some(vc)],
                 out_ld: q_dim,
                 last_token_only: false,
@@ -262,10 +315,11 @@ impl GpuModel {
                 in_mode: InMode::Plain,
                 out_mode: OutMode::Add,
                 n_views: 1,
-                x: acts.att_out.binding(),
+                x: Arc::clone(&views.att_out),
+                xr: None,
                 x_ld: q_dim,
-                aux: None,
-                outs: [Some(acts.x.binding()), None, None],
+                aux: Some(ffn_norm),
+                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
                 out_ld: dim,
                 last_token_only: false,
             };
@@ -275,9 +329,10 @@ impl GpuModel {
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Glu,
                 n_views: 2,
-                x: acts.x.binding(),
+                x: Arc::clone(&views.xg),
+                xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
-                aux: Some(ffn_norm),
+                aux: None,
                 outs: [Some(acts.hb.binding()), None, None],
                 out_ld: hidden,
                 last_token_only: false,
@@ -288,14 +343,15 @@ impl GpuModel {
                 in_mode: InMode::Plain,
                 out_mode: OutMode::Add,
                 n_views: 1,
-                x: acts.hb.binding(),
+                x: Arc::clone(&views.hb),
+                xr: None,
                 x_ld: hidden,
-                aux: None,
-                outs: [Some(acts.x.binding()), None, None],
+                aux: Some(next_norm),
+                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
                 out_ld: dim,
                 last_token_only: false,
             };
-            let mut build = |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, neox, head_dim);
+            let mut build = |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
                 qkv: build(qkv)?,
                 attention,
@@ -314,9 +370,10 @@ impl GpuModel {
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Store,
                 n_views: 1,
-                x: acts.x.binding(),
+                x: Arc::clone(&views.xg),
+                xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
-                aux: Some(vector(weights, "output_norm.weight", dim)?),
+                aux: None,
                 outs: [Some(acts.logits.binding()), None, None],
                 out_ld: cfg.vocab_size,
                 last_token_only: true,
@@ -324,37 +381,52 @@ impl GpuModel {
             dummy,
             acts,
             kernels,
+            &mut views,
             neox,
             head_dim,
         )?;
         let argmax = kernels.argmax.descriptor_set(&[acts.logits.binding(), acts.result.binding()])?;
-        Ok(GpuModel { embed, layers, logits, argmax, neox, head_dim })
+        Ok(GpuModel { embed, layers, logits, argmax, neox, head_dim, views: views.all })
     }
 }
 
-fn embed_call(view: &TensorView, acts: &Activations, kernels: &mut Kernels, dim: usize) -> Result<EmbedCall, EngineError> {
+fn embed_call(
+    view: &TensorView,
+    norm: (BufferBinding, u32),
+    acts: &Activations,
+    kernels: &mut Kernels,
+    views: &mut Views,
+    dim: usize,
+) -> Result<EmbedCall, EngineError> {
     if view.parts.len() > 3 {
         return Err(EngineError::Tensor {
             name: view.name.clone(),
             why: format!("{} row-range parts; the embedding gather binds at most 3", view.parts.len()),
         });
     }
-    let dummy = acts.dummy.binding();
     let mut push = kernels::EmbedPush {
         ncols: to_u32(dim as u64, "dim")?,
         out_ld: to_u32(dim as u64, "dim")?,
         n_tok: 1,
-        pad: 0,
+        g_ofs: norm.1,
         part_end: [u32::MAX; 4],
         wofs: [0; 4],
     };
-    let mut bindings = [dummy, dummy, dummy, acts.x.binding(), acts.step.binding()];
+    let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
     for (i, p) in view.parts.iter().enumerate() {
-        bindings[i] = p.binding;
+        w[i] = views.weights(p.binding)?;
         push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
         push.wofs[i] = to_u32(p.byte_offset / 4, "embedding offset")?;
     }
-    let set = kernels.embed(view.ty)?.descriptor_set(&bindings)?;
+    let set = kernels.embed(view.ty)?.descriptor_set_with(&[
+        Descriptor::Texel(&w[0]),
+        Descriptor::Texel(&w[1]),
+        Descriptor::Texel(&w[2]),
+        Descriptor::Buffer(acts.x.binding()),
+        Descriptor::Buffer(acts.step.binding()),
+        Descriptor::Buffer(acts.xg.binding()),
+        Descriptor::Buffer(norm.0),
+    ])?;
     Ok(EmbedCall { set, ty: view.ty, push })
 }
 
@@ -365,6 +437,7 @@ fn matmul_calls(
     dummy: BufferBinding,
     acts: &Activations,
     kernels: &mut Kernels,
+    views: &mut Views,
     neox: bool,
     head_dim: u32,
 ) -> Result<Vec<MatmulCall>, EngineError> {
@@ -400,21 +473,14 @@ fn matmul_calls(
             }
         }
     }
-    if spec.in_mode == InMode::RmsNorm && ncols > u64::from(kernels::MAX_NORM_FLOATS) {
-        return Err(EngineError::Unsupported(format!(
-            "{}: rows of {ncols} elements; the fused rmsnorm holds at most {}",
-            spec.name,
-            kernels::MAX_NORM_FLOATS
-        )));
-    }
     let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
     let mut calls = Vec::with_capacity(groups.len());
     for (gi, group) in groups.iter().enumerate() {
-        let mut w = [dummy; 3];
+        let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
         let mut slots = Vec::new();
         for &(s, v, i) in group {
             let p = &v.parts[i];
-            w[s] = p.binding;
+            w[s] = views.weights(p.binding)?;
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,
@@ -423,7 +489,18 @@ fn matmul_calls(
             });
         }
         let o = |i: usize| spec.outs[i].unwrap_or(dummy);
-        let bindings = [w[0], w[1], w[2], spec.x, aux, o(0), o(1), o(2), acts.step.binding()];
+        let bindings = [
+            Descriptor::Texel(&w[0]),
+            Descriptor::Texel(&w[1]),
+            Descriptor::Texel(&w[2]),
+            Descriptor::Texel(&spec.x),
+            Descriptor::Buffer(aux),
+            Descriptor::Buffer(o(0)),
+            Descriptor::Buffer(o(1)),
+            Descriptor::Buffer(o(2)),
+            Descriptor::Buffer(acts.step.binding()),
+            Descriptor::Texel(spec.xr.as_ref().unwrap_or(&spec.x)),
+        ];
         let call = MatmulCall {
             name: if groups.len() == 1 { spec.name.clone() } else { format!("{}#{gi}", spec.name) },
             set: {
@@ -440,7 +517,7 @@ fn matmul_calls(
                     head_dim,
                 );
                 // the prefill pipeline has an identical set layout, so it accepts this set too
-                kernels.matmul(key)?.descriptor_set(&bindings)?
+                kernels.matmul(key)?.descriptor_set_with(&bindings)?
             },
             slots,
             wtype: group[0].1.ty,
@@ -451,6 +528,7 @@ fn matmul_calls(
             x_ld: to_u32(spec.x_ld as u64, "x stride")?,
             out_ld: to_u32(spec.out_ld as u64, "out stride")?,
             aux_ofs,
+            write_xg: spec.aux.is_some() && spec.out_mode == OutMode::Add,
             last_token_only: spec.last_token_only,
         };
         for batch in [Batch::Decode, Batch::Prefill] {

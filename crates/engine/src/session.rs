@@ -66,6 +66,8 @@ pub struct KernelTime {
 pub struct Activations {
     /// [B][dim] the residual stream
     pub x: Buffer,
+    /// [B][dim] x ∘ g for the next rmsnorm weight g (written with x; see matmul.comp)
+    pub xg: Buffer,
     /// [B][n_heads·head_dim] queries after rope
     pub q: Buffer,
     /// [B][n_heads·head_dim] attention output (input of attn_output)
@@ -107,6 +109,7 @@ impl Activations {
         }
         Ok(Activations {
             x: buf("x", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
+            xg: buf("xg", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
             q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
             att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
             hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
@@ -123,7 +126,7 @@ impl Activations {
     }
 
     fn count(&self) -> u64 {
-        11 + 2 * self.key_cache.len() as u64
+        12 + 2 * self.key_cache.len() as u64
     }
 }
 
@@ -167,7 +170,7 @@ impl Session {
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;
-        let model = GpuModel::build(&cfg, &weights, &acts, &mut kernels)?;
+        let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
 
         let mut step_init = vec![0u32; 4 + kernels::STEP_FREQS_MAX];
         for (i, f) in kernels::rope_freqs(cfg.rope_base, cfg.head_dim).iter().enumerate() {

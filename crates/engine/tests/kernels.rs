@@ -18,7 +18,7 @@ use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
 use reference::RopeMode;
-use vk::{Buffer, CommandBuffer, Context, DescriptorSet, Pipeline};
+use vk::{Buffer, BufferView, CommandBuffer, Context, Descriptor, DescriptorSet, Pipeline, TexelFormat};
 
 const U: f32 = 1.0 / 16_777_216.0;
 const TOL_K: f32 = 4.0;
@@ -45,6 +45,47 @@ fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
     w.chunks_exact(cols).map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()).collect()
 }
 
+/// The weight texel view (R32UI) of a buffer.
+fn wview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
+    BufferView::new(ctx, b.binding(), TexelFormat::R32Uint).unwrap()
+}
+
+/// The activation texel view (RGBA32F) of a buffer.
+fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
+    BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
+}
+
+/// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
+fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
+    x.chunks(g.len()).flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b)).collect()
+}
+
+/// The ten descriptors of matmul.comp.
+#[allow(clippy::too_many_arguments)]
+fn matmul_set(
+    p: &Pipeline,
+    w: [&BufferView; 3],
+    x: &BufferView,
+    aux: &Buffer,
+    outs: [&Buffer; 3],
+    step: &Buffer,
+    xr: &BufferView,
+) -> DescriptorSet {
+    p.descriptor_set_with(&[
+        Descriptor::Texel(w[0]),
+        Descriptor::Texel(w[1]),
+        Descriptor::Texel(w[2]),
+        Descriptor::Texel(x),
+        Descriptor::Buffer(aux.binding()),
+        Descriptor::Buffer(outs[0].binding()),
+        Descriptor::Buffer(outs[1].binding()),
+        Descriptor::Buffer(outs[2].binding()),
+        Descriptor::Buffer(step.binding()),
+        Descriptor::Texel(xr),
+    ])
+    .unwrap()
+}
+
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -67,7 +108,8 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, pad: usize) ->
 }
 
 /// Plain and residual-add matmul for every type, decode (one token per invocation) and
-/// prefill (four) shapes, a row count that leaves a partial tile, a word offset.
+/// prefill (four) shapes, a row count that leaves a partial tile, a word offset; the add
+/// also writes `x∘g` for the next norm (g read at a float offset).
 #[test]
 fn matmul_store_and_add_match_reference_for_every_type() {
     let Some(ctx) = ctx() else { return };
@@ -75,37 +117,33 @@ fn matmul_store_and_add_match_reference_for_every_type() {
     let mut rng = Rng::new(1);
     let (rows, cols, n_tok) = (202, 192, 5);
     let dummy = zeros(&ctx, "dummy", 4);
+    let dummy_w = wview(&ctx, &dummy);
     let step = step_buffer(&ctx, 0, &[], &[]);
+    let g = rng.vec(rows + 4, 1.0); // the next norm weight, 4 floats in
+    let gbuf = upload(&ctx, "g", &g);
     for ty in TYPES {
         let (bytes, w) = weights(&mut rng, ty, rows, cols, 64);
         let wbuf = upload(&ctx, "w", &bytes);
+        let wv = wview(&ctx, &wbuf);
         let x = rng.vec(n_tok * cols, 1.0);
         let xbuf = upload(&ctx, "x", &x);
+        let xv = xview(&ctx, &xbuf);
         let mut want = vec![0.0; n_tok * rows];
         rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
         let init = rng.vec(n_tok * rows, 1.0);
         for (out_mode, tb) in [(OutMode::Store, 1), (OutMode::Store, 4), (OutMode::Add, 4)] {
             let k = key(ty, InMode::Plain, out_mode, false, 1, tb);
             let out = upload(&ctx, "out", &init);
+            let xg = zeros(&ctx, "xg", n_tok * rows);
             let p = ks.matmul(k).unwrap();
-            let set = p
-                .descriptor_set(&[
-                    wbuf.binding(),
-                    dummy.binding(),
-                    dummy.binding(),
-                    xbuf.binding(),
-                    dummy.binding(),
-                    out.binding(),
-                    dummy.binding(),
-                    dummy.binding(),
-                    step.binding(),
-                ])
-                .unwrap();
+            let set = matmul_set(p, [&wv, &dummy_w, &dummy_w], &xv, &gbuf, [&out, &xg, &dummy], &step, &xv);
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
                 x_ld: cols as u32,
                 out_ld: rows as u32,
+                aux_ofs: 4,
+                write_xg: u32::from(out_mode == OutMode::Add),
                 ..Default::default()
             };
             let slots = [Slot { slot: 0, nrows: rows as u32, wofs: 16, orow: 0 }];
@@ -117,18 +155,24 @@ fn matmul_store_and_add_match_reference_for_every_type() {
                 rk::add(&mut expect, &init);
             }
             let mags: Vec<f32> = (0..n_tok).flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols])).collect();
-            assert_close(&format!("{ty:?} {out_mode:?} tb={tb}"), &got, &expect, |i| {
+            let tol = |i: usize| {
                 TOL_K * cols as f32 * U * mags[i] + 1e-6 + if out_mode == OutMode::Add { 2.0 * U * init[i].abs() } else { 0.0 }
-            });
+            };
+            assert_close(&format!("{ty:?} {out_mode:?} tb={tb}"), &got, &expect, tol);
+            if out_mode == OutMode::Add {
+                let xg_want = times_g(&expect, &g[4..]);
+                let xg_got = read_f32(&xg, n_tok * rows);
+                assert_close(&format!("{ty:?} x∘g"), &xg_got, &xg_want, |i| (tol(i) + U * expect[i].abs()) * g[4 + i % rows].abs());
+            }
         }
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
 }
 
-/// rmsnorm folded into the input; a weight split in two row-range parts bound in two
-/// buffers (two dispatches writing disjoint rows), as views larger than
-/// maxStorageBufferRange arrive.
+/// rmsnorm folded in (input x∘g, 1/rms taken from the raw x); a weight split in two
+/// row-range parts bound in two buffers (two dispatches writing disjoint rows), as views
+/// larger than maxStorageBufferRange arrive.
 #[test]
 fn matmul_with_folded_rmsnorm_and_row_range_parts() {
     let Some(ctx) = ctx() else { return };
@@ -136,6 +180,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
     let mut rng = Rng::new(2);
     let (rows, cols, n_tok, eps) = (160, 128, 3, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
+    let dummy_w = wview(&ctx, &dummy);
     let step = step_buffer(&ctx, 0, &[], &[]);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
         let (bytes, w) = weights(&mut rng, ty, rows, cols, 0);
@@ -146,15 +191,15 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
         b_bytes.extend_from_slice(&bytes[split * row_bytes..]);
         let part_b = upload(&ctx, "wb", &b_bytes);
         let x: Vec<f32> = rng.vec(n_tok * cols, 3.0);
-        let norm_w = rng.vec(cols + 4, 1.0); // the norm weight starts 4 floats in
-        let xbuf = upload(&ctx, "x", &x);
-        let nbuf = upload(&ctx, "norm", &norm_w);
+        let norm_w = rng.vec(cols, 1.0);
+        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let out = zeros(&ctx, "out", n_tok * rows);
         let mut want = vec![0.0; n_tok * rows];
         let mut xn = vec![0.0; cols];
         let mut mags = Vec::new();
         for t in 0..n_tok {
-            rk::rmsnorm(&x[t * cols..(t + 1) * cols], &norm_w[4..], eps, &mut xn);
+            rk::rmsnorm(&x[t * cols..(t + 1) * cols], &norm_w, eps, &mut xn);
             rk::matvec(ty, &bytes, rows, cols, &xn, &mut want[t * rows..(t + 1) * rows]).unwrap();
             mags.extend(magnitudes(&w, cols, &xn));
         }
@@ -164,26 +209,14 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             (&part_a, Slot { slot: 0, nrows: split as u32, wofs: 0, orow: 0 }),
             (&part_b, Slot { slot: 0, nrows: (rows - split) as u32, wofs: 8, orow: split as u32 }),
         ] {
-            let set = p
-                .descriptor_set(&[
-                    buf.binding(),
-                    dummy.binding(),
-                    dummy.binding(),
-                    xbuf.binding(),
-                    nbuf.binding(),
-                    out.binding(),
-                    dummy.binding(),
-                    dummy.binding(),
-                    step.binding(),
-                ])
-                .unwrap();
+            let wv = wview(&ctx, buf);
+            let set = matmul_set(p, [&wv, &dummy_w, &dummy_w], &xgv, &dummy, [&out, &dummy, &dummy], &step, &xv);
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
                 x_ld: cols as u32,
                 out_ld: rows as u32,
                 eps,
-                aux_ofs: 4,
                 ..Default::default()
             };
             let groups = kernels::matmul_layout(&k, &mut push, &[slot]);
@@ -215,26 +248,17 @@ fn qkv_rope_and_cache_write_match_reference() {
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
         let (bq, bk, bv) = (upload(&ctx, "wq", &wq), upload(&ctx, "wk", &wk), upload(&ctx, "wv", &wv));
-        let (xbuf, nbuf) = (upload(&ctx, "x", &x), upload(&ctx, "norm", &norm_w));
+        let (vq, vk_, vv) = (wview(&ctx, &bq), wview(&ctx, &bk), wview(&ctx, &bv));
+        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
+        let dummy = zeros(&ctx, "dummy", 4);
         let qout = zeros(&ctx, "q", n_tok * q_dim);
         let kc = zeros(&ctx, "kc", ctx_len * kv_dim);
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
         let k = key(ty, InMode::RmsNorm, OutMode::Qkv, mode == RopeMode::Neox, 3, 4);
         let k = if k.neox { MatmulKey { pairs: hd as u32 / 16, ..k } } else { k };
         let p = ks.matmul(k).unwrap();
-        let set = p
-            .descriptor_set(&[
-                bq.binding(),
-                bk.binding(),
-                bv.binding(),
-                xbuf.binding(),
-                nbuf.binding(),
-                qout.binding(),
-                kc.binding(),
-                vc.binding(),
-                step.binding(),
-            ])
-            .unwrap();
+        let set = matmul_set(p, [&vq, &vk_, &vv], &xgv, &dummy, [&qout, &kc, &vc], &step, &xv);
         let mut push = MatmulPush {
             n_tok: n_tok as u32,
             ncols: dim as u32,
@@ -301,23 +325,15 @@ fn gate_up_swiglu_matches_reference() {
         let (wu, fu) = weights(&mut rng, ty, hidden, dim, 0);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
-        let (bg, bu, xbuf, nbuf) = (upload(&ctx, "wg", &wg), upload(&ctx, "wu", &wu), upload(&ctx, "x", &x), upload(&ctx, "n", &norm_w));
+        let (bg, bu) = (upload(&ctx, "wg", &wg), upload(&ctx, "wu", &wu));
+        let (vg, vu) = (wview(&ctx, &bg), wview(&ctx, &bu));
+        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
+        let dummy_w = wview(&ctx, &dummy);
         let out = zeros(&ctx, "hb", n_tok * hidden);
         let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
         let p = ks.matmul(k).unwrap();
-        let set = p
-            .descriptor_set(&[
-                bg.binding(),
-                bu.binding(),
-                dummy.binding(),
-                xbuf.binding(),
-                nbuf.binding(),
-                out.binding(),
-                dummy.binding(),
-                dummy.binding(),
-                step.binding(),
-            ])
-            .unwrap();
+        let set = matmul_set(p, [&vg, &vu, &dummy_w], &xgv, &dummy, [&out, &dummy, &dummy], &step, &xv);
         let mut push = MatmulPush {
             n_tok: n_tok as u32,
             ncols: dim as u32,
@@ -359,6 +375,8 @@ fn embedding_gather_matches_reference_for_every_type() {
     let tokens = [3u32, 0, 9, 7];
     let step = step_buffer(&ctx, 0, &[], &tokens);
     let dummy = zeros(&ctx, "dummy", 4);
+    let g = rng.vec(cols + 8, 1.0);
+    let gbuf = upload(&ctx, "g", &g);
     for ty in TYPES {
         let table = gguf::quant::quantize(ty, &rng.vec(rows * cols, 2.0)).unwrap();
         let rb = table.len() / rows;
@@ -368,23 +386,39 @@ fn embedding_gather_matches_reference_for_every_type() {
         bb.extend_from_slice(&table[split * rb..]);
         let b = upload(&ctx, "b", &bb);
         let x = zeros(&ctx, "x", tokens.len() * cols);
+        let xg = zeros(&ctx, "xg", tokens.len() * cols);
         let p = ks.embed(ty).unwrap();
-        let set = p.descriptor_set(&[a.binding(), b.binding(), dummy.binding(), x.binding(), step.binding()]).unwrap();
+        let (va, vb, vd) = (wview(&ctx, &a), wview(&ctx, &b), wview(&ctx, &dummy));
+        let set = p
+            .descriptor_set_with(&[
+                Descriptor::Texel(&va),
+                Descriptor::Texel(&vb),
+                Descriptor::Texel(&vd),
+                Descriptor::Buffer(x.binding()),
+                Descriptor::Buffer(step.binding()),
+                Descriptor::Buffer(xg.binding()),
+                Descriptor::Buffer(gbuf.binding()),
+            ])
+            .unwrap();
         let push = EmbedPush {
             ncols: cols as u32,
             out_ld: cols as u32,
             n_tok: tokens.len() as u32,
-            pad: 0,
+            g_ofs: 8,
             part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
             wofs: [0, 4, 0, 0],
         };
         run(&ctx, p, &set, bytemuck::bytes_of(&push), [(cols / 64).div_ceil(kernels::EMBED_WG as usize) as u32, tokens.len() as u32, 1]);
         let got = read_f32(&x, tokens.len() * cols);
+        let got_g = read_f32(&xg, tokens.len() * cols);
         for (t, &tok) in tokens.iter().enumerate() {
             let mut want = vec![0.0; cols];
             rk::embedding_row(ty, &table, cols, tok as usize, &mut want).unwrap();
             // one multiply (or fma) by the block scale: 2 ulps
-            assert_close(&format!("{ty:?} token {tok}"), &got[t * cols..(t + 1) * cols], &want, |i| 2.0 * U * want[i].abs() * 2.0 + 1e-7);
+            let tol = |i: usize| 2.0 * U * want[i].abs() * 2.0 + 1e-7;
+            assert_close(&format!("{ty:?} token {tok}"), &got[t * cols..(t + 1) * cols], &want, tol);
+            let want_g = times_g(&want, &g[8..]);
+            assert_close(&format!("{ty:?} token {tok} x∘g"), &got_g[t * cols..(t + 1) * cols], &want_g, |i| (tol(i) + U * want[i].abs()) * g[8 + i].abs() + 1e-7);
         }
     }
     drop(ks);
