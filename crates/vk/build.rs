@@ -102,6 +102,65 @@ fn max_binding(words: &[u32]) -> u32 {
     max
 }
 
+/// Per binding 0..max_binding: `true` for a texel buffer (`samplerBuffer`: an image of
+/// dimension Buffer, possibly wrapped in a sampled image), `false` for anything else
+/// (storage buffers). Read from OpDecorate/OpVariable/OpTypePointer/OpType*Image.
+fn texel_bindings(words: &[u32]) -> Vec<bool> {
+    use std::collections::HashMap;
+    const OP_TYPE_IMAGE: u32 = 25;
+    const OP_TYPE_SAMPLED_IMAGE: u32 = 27;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_VARIABLE: u32 = 59;
+    const OP_DECORATE: u32 = 71;
+    const DECORATION_BINDING: u32 = 33;
+    const DIM_BUFFER: u32 = 5;
+    let mut binding_of: HashMap<u32, u32> = HashMap::new();
+    let mut var_type: HashMap<u32, u32> = HashMap::new();
+    let mut pointee: HashMap<u32, u32> = HashMap::new();
+    let mut sampled_image: HashMap<u32, u32> = HashMap::new();
+    let mut buffer_images: std::collections::HashSet<u32> = Default::default();
+    let mut i = 5;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xFFFF;
+        if count == 0 || i + count > words.len() {
+            break;
+        }
+        let w = &words[i + 1..i + count];
+        match op {
+            OP_DECORATE if w.len() >= 3 && w[1] == DECORATION_BINDING => {
+                binding_of.insert(w[0], w[2]);
+            }
+            OP_VARIABLE if w.len() >= 2 => {
+                var_type.insert(w[1], w[0]);
+            }
+            OP_TYPE_POINTER if w.len() >= 3 => {
+                pointee.insert(w[0], w[2]);
+            }
+            OP_TYPE_SAMPLED_IMAGE if w.len() >= 2 => {
+                sampled_image.insert(w[0], w[1]);
+            }
+            OP_TYPE_IMAGE if w.len() >= 3 && w[2] == DIM_BUFFER => {
+                buffer_images.insert(w[0]);
+            }
+            _ => {}
+        }
+        i += count;
+    }
+    let n = max_binding(words) as usize;
+    let mut out = vec![false; n];
+    for (var, b) in binding_of {
+        let Some(ty) = var_type.get(&var).and_then(|p| pointee.get(p)) else {
+            continue;
+        };
+        let image = sampled_image.get(ty).copied().unwrap_or(*ty);
+        if buffer_images.contains(&image) && (b as usize) < n {
+            out[b as usize] = true;
+        }
+    }
+    out
+}
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let shaders = manifest.join("../../shaders");
@@ -215,6 +274,18 @@ fn main() {
             gen,
             "            Kernel::{ident} => {},",
             max_binding(words)
+        );
+    }
+    gen.push_str("        }\n    }\n\n    /// Descriptor type of each binding 0..bindings() (reflected from the SPIR-V).\n    pub fn descriptor_kinds(self) -> &'static [crate::DescriptorKind] {\n        use crate::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};\n        match self {\n");
+    for (ident, _, words) in &kernels {
+        let kinds: Vec<&str> = texel_bindings(words)
+            .iter()
+            .map(|&t| if t { "T" } else { "S" })
+            .collect();
+        let _ = writeln!(
+            gen,
+            "            Kernel::{ident} => &[{}],",
+            kinds.join(", ")
         );
     }
     gen.push_str("        }\n    }\n\n    /// The SPIR-V words.\n    pub fn spirv(self) -> &'static [u32] {\n        match self {\n");

@@ -82,7 +82,11 @@ impl Buffer {
         let dev = ctx.device();
         let info = vk::BufferCreateInfo::default()
             .size(desc.size)
-            .usage(vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::UNIFORM_TEXEL_BUFFER | desc.usage)
+            .usage(
+                vk::BufferUsageFlags::STORAGE_BUFFER
+                    | vk::BufferUsageFlags::UNIFORM_TEXEL_BUFFER
+                    | desc.usage,
+            )
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: valid create info on a live device.
         let buffer = unsafe { dev.create_buffer(&info, None) }.call("vkCreateBuffer")?;

@@ -402,8 +402,15 @@ impl Context {
     /// maxTexelBufferElements)`, read from the driver.
     pub(crate) fn texel_limits(&self) -> (u64, u32) {
         // SAFETY: live instance and physical device.
-        let props = unsafe { self.instance.instance.get_physical_device_properties(self.physical_device) };
-        (props.limits.min_texel_buffer_offset_alignment, props.limits.max_texel_buffer_elements)
+        let props = unsafe {
+            self.instance
+                .instance
+                .get_physical_device_properties(self.physical_device)
+        };
+        (
+            props.limits.min_texel_buffer_offset_alignment,
+            props.limits.max_texel_buffer_elements,
+        )
     }
 
     pub(crate) fn device(&self) -> &ash::Device {

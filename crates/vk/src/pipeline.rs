@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 
 use crate::buffer::BufferBinding;
-use crate::texel::BufferView;
 use crate::error::{VkError, VkResultExt};
+use crate::texel::BufferView;
 use crate::{Context, Kernel};
 
 /// Sets per descriptor pool; a new pool is added when one runs out.
@@ -108,9 +108,20 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Builds the pipeline (the driver may compile it lazily on first dispatch).
+    /// Builds the pipeline (the driver may compile it lazily on first dispatch). Binding
+    /// types come from the kernel's SPIR-V ([`Kernel::descriptor_kinds`]); bindings past
+    /// the shader's own are storage buffers.
     pub fn new(ctx: &Arc<Context>, desc: &PipelineDesc) -> Result<Pipeline, VkError> {
-        Pipeline::with_kinds(ctx, desc, &vec![DescriptorKind::StorageBuffer; desc.n_bindings as usize])
+        let reflected = desc.kernel.descriptor_kinds();
+        let kinds: Vec<DescriptorKind> = (0..desc.n_bindings as usize)
+            .map(|i| {
+                reflected
+                    .get(i)
+                    .copied()
+                    .unwrap_or(DescriptorKind::StorageBuffer)
+            })
+            .collect();
+        Pipeline::with_kinds(ctx, desc, &kinds)
     }
 
     /// Builds a pipeline whose binding `i` has descriptor type `kinds[i]`
@@ -123,7 +134,11 @@ impl Pipeline {
         let kernel = desc.kernel.name();
         let bad = |why: String| VkError::Pipeline { kernel, why };
         if kinds.len() != desc.n_bindings as usize {
-            return Err(bad(format!("{} binding kinds for {} bindings", kinds.len(), desc.n_bindings)));
+            return Err(bad(format!(
+                "{} binding kinds for {} bindings",
+                kinds.len(),
+                desc.n_bindings
+            )));
         }
         if !desc.push_size.is_multiple_of(4) || desc.push_size > ctx.caps().max_push_constants_size
         {
@@ -244,13 +259,20 @@ impl Pipeline {
 
     /// Allocates a set and writes `descriptors` to bindings 0..n (all of them, in order),
     /// each of the kind the layout declares.
-    pub fn descriptor_set_with(&self, descriptors: &[Descriptor<'_>]) -> Result<DescriptorSet, VkError> {
+    pub fn descriptor_set_with(
+        &self,
+        descriptors: &[Descriptor<'_>],
+    ) -> Result<DescriptorSet, VkError> {
         let kernel = self.kernel.name();
         let caps = self.ctx.caps();
         if descriptors.len() as u32 != self.sets.n_bindings {
             return Err(VkError::Pipeline {
                 kernel,
-                why: format!("{} bindings given, the layout has {}", descriptors.len(), self.sets.n_bindings),
+                why: format!(
+                    "{} bindings given, the layout has {}",
+                    descriptors.len(),
+                    self.sets.n_bindings
+                ),
             });
         }
         for (i, (d, kind)) in descriptors.iter().zip(&self.sets.kinds).enumerate() {
@@ -279,7 +301,9 @@ impl Pipeline {
                 _ => {
                     return Err(VkError::Pipeline {
                         kernel,
-                        why: format!("binding {i}: a {d:?} given where the layout declares {kind:?}"),
+                        why: format!(
+                            "binding {i}: a {d:?} given where the layout declares {kind:?}"
+                        ),
                     })
                 }
             }
@@ -292,30 +316,47 @@ impl Pipeline {
                 .lock()
                 .map_err(|_| VkError::Recording("descriptor pool mutex poisoned".into()))?;
             if pools.1 == 0 {
-                let count = |k: DescriptorKind| self.sets.kinds.iter().filter(|&&x| x == k).count() as u32;
-                let sizes: Vec<vk::DescriptorPoolSize> = [DescriptorKind::StorageBuffer, DescriptorKind::UniformTexelBuffer]
-                    .into_iter()
-                    .filter(|&k| count(k) > 0)
-                    .map(|k| vk::DescriptorPoolSize { ty: k.vk(), descriptor_count: SETS_PER_POOL * count(k) })
-                    .collect();
-                let info = vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes);
+                let count =
+                    |k: DescriptorKind| self.sets.kinds.iter().filter(|&&x| x == k).count() as u32;
+                let sizes: Vec<vk::DescriptorPoolSize> = [
+                    DescriptorKind::StorageBuffer,
+                    DescriptorKind::UniformTexelBuffer,
+                ]
+                .into_iter()
+                .filter(|&k| count(k) > 0)
+                .map(|k| vk::DescriptorPoolSize {
+                    ty: k.vk(),
+                    descriptor_count: SETS_PER_POOL * count(k),
+                })
+                .collect();
+                let info = vk::DescriptorPoolCreateInfo::default()
+                    .max_sets(SETS_PER_POOL)
+                    .pool_sizes(&sizes);
                 // SAFETY: valid create info on a live device.
-                let pool = unsafe { dev.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")?;
+                let pool = unsafe { dev.create_descriptor_pool(&info, None) }
+                    .call("vkCreateDescriptorPool")?;
                 pools.0.push(pool);
                 pools.1 = SETS_PER_POOL;
             }
             let pool = *pools.0.last().expect("a pool was just ensured");
             let layouts = [self.sets.layout];
-            let info = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
+            let info = vk::DescriptorSetAllocateInfo::default()
+                .descriptor_pool(pool)
+                .set_layouts(&layouts);
             // SAFETY: the pool is externally synchronised by the mutex and has room.
-            let set = unsafe { dev.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?[0];
+            let set =
+                unsafe { dev.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?[0];
             pools.1 -= 1;
             set
         };
         let buffer_infos: Vec<[vk::DescriptorBufferInfo; 1]> = descriptors
             .iter()
             .map(|d| match d {
-                Descriptor::Buffer(b) => [vk::DescriptorBufferInfo { buffer: b.buffer, offset: b.offset, range: b.range }],
+                Descriptor::Buffer(b) => [vk::DescriptorBufferInfo {
+                    buffer: b.buffer,
+                    offset: b.offset,
+                    range: b.range,
+                }],
                 Descriptor::Texel(_) => [vk::DescriptorBufferInfo::default()],
             })
             .collect();
@@ -330,21 +371,26 @@ impl Pipeline {
             .iter()
             .enumerate()
             .map(|(i, d)| {
-                let w = vk::WriteDescriptorSet::default().dst_set(set).dst_binding(i as u32);
+                let w = vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(i as u32);
                 match d {
-                    Descriptor::Buffer(_) => {
-                        w.descriptor_type(vk::DescriptorType::STORAGE_BUFFER).buffer_info(&buffer_infos[i])
-                    }
-                    Descriptor::Texel(_) => {
-                        w.descriptor_type(vk::DescriptorType::UNIFORM_TEXEL_BUFFER).texel_buffer_view(&views[i])
-                    }
+                    Descriptor::Buffer(_) => w
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(&buffer_infos[i]),
+                    Descriptor::Texel(_) => w
+                        .descriptor_type(vk::DescriptorType::UNIFORM_TEXEL_BUFFER)
+                        .texel_buffer_view(&views[i]),
                 }
             })
             .collect();
         // SAFETY: the set is freshly allocated and not in use; buffers and views are live
         // handles (the caller keeps views alive as long as the set is used).
         unsafe { dev.update_descriptor_sets(&writes, &[]) };
-        Ok(DescriptorSet { set, _owner: Arc::clone(&self.sets) })
+        Ok(DescriptorSet {
+            set,
+            _owner: Arc::clone(&self.sets),
+        })
     }
 
     /// The kernel.

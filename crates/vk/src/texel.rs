@@ -50,18 +50,30 @@ impl BufferView {
     /// A view of `binding` (the range rounded down to whole texels). The offset must be a
     /// multiple of the device's texel-buffer offset alignment and the texel count at most
     /// `maxTexelBufferElements`.
-    pub fn new(ctx: &Arc<Context>, binding: BufferBinding, format: TexelFormat) -> Result<BufferView, VkError> {
+    pub fn new(
+        ctx: &Arc<Context>,
+        binding: BufferBinding,
+        format: TexelFormat,
+    ) -> Result<BufferView, VkError> {
         let (align, max_texels) = ctx.texel_limits();
         let texels = binding.range / format.size();
         let why = if binding.offset % align.max(1) != 0 {
-            Some(format!("offset {} is not a multiple of minTexelBufferOffsetAlignment {align}", binding.offset))
+            Some(format!(
+                "offset {} is not a multiple of minTexelBufferOffsetAlignment {align}",
+                binding.offset
+            ))
         } else if texels == 0 || texels > u64::from(max_texels) {
-            Some(format!("{texels} texels: 0 or above maxTexelBufferElements {max_texels}"))
+            Some(format!(
+                "{texels} texels: 0 or above maxTexelBufferElements {max_texels}"
+            ))
         } else {
             None
         };
         if let Some(why) = why {
-            return Err(VkError::Pipeline { kernel: "texel buffer view", why });
+            return Err(VkError::Pipeline {
+                kernel: "texel buffer view",
+                why,
+            });
         }
         let info = vk::BufferViewCreateInfo::default()
             .buffer(binding.buffer)
@@ -70,8 +82,13 @@ impl BufferView {
             .range(texels * format.size());
         // SAFETY: valid create info for a live buffer (created with UNIFORM_TEXEL_BUFFER
         // usage by `Buffer::new` / `ImportedBuffer::import`); offset and range checked.
-        let view = unsafe { ctx.device().create_buffer_view(&info, None) }.call("vkCreateBufferView")?;
-        Ok(BufferView { view, texels, ctx: Arc::clone(ctx) })
+        let view =
+            unsafe { ctx.device().create_buffer_view(&info, None) }.call("vkCreateBufferView")?;
+        Ok(BufferView {
+            view,
+            texels,
+            ctx: Arc::clone(ctx),
+        })
     }
 
     /// Texels in the view.
@@ -93,6 +110,8 @@ impl Drop for BufferView {
 
 impl std::fmt::Debug for BufferView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufferView").field("texels", &self.texels).finish()
+        f.debug_struct("BufferView")
+            .field("texels", &self.texels)
+            .finish()
     }
 }

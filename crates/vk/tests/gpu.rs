@@ -6,8 +6,8 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use vk::checksum::{self, ChecksumPush};
 use vk::{
-    Buffer, BufferDesc, CommandBuffer, Context, ContextOptions, ImportedBuffer, Kernel,
-    MemLocation, Pipeline, PipelineDesc, QueryPool,
+    Buffer, BufferDesc, CommandBuffer, Context, ContextOptions, DescriptorKind, ImportedBuffer,
+    Kernel, MemLocation, Pipeline, PipelineDesc, QueryPool,
 };
 
 /// A validating context, or `None` (skip) when no device exists and
@@ -88,12 +88,17 @@ fn every_kernel_builds_a_pipeline() {
     let Some(ctx) = ctx() else { return };
     assert!(Kernel::ALL.contains(&Kernel::Checksum));
     assert_eq!(Kernel::Checksum.bindings(), 2);
+    assert_eq!(
+        Kernel::Checksum.descriptor_kinds(),
+        &[DescriptorKind::StorageBuffer; 2]
+    );
     for &k in Kernel::ALL {
         assert!(
             !k.spirv().is_empty() && k.spirv()[0] == 0x0723_0203,
             "{} is not SPIR-V",
             k.name()
         );
+        assert_eq!(k.descriptor_kinds().len(), k.bindings() as usize);
         let n_bindings = k.bindings().max(1);
         let push_size = 128.min(ctx.caps().max_push_constants_size);
         let p = Pipeline::new(
