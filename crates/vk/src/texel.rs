@@ -57,7 +57,7 @@ impl BufferView {
     ) -> Result<BufferView, VkError> {
         let (align, max_texels) = ctx.texel_limits();
         let texels = binding.range / format.size();
-        let why = if binding.offset % align.max(1) != 0 {
+        let why = if !binding.offset.is_multiple_of(align.max(1)) {
             Some(format!(
                 "offset {} is not a multiple of minTexelBufferOffsetAlignment {align}",
                 binding.offset
