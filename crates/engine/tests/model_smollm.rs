@@ -2,10 +2,12 @@
 //! Q4_1 original, both in models/ from `models/fetch`) on the GPU against the f32 CPU
 //! reference and against llama.cpp's Vulkan backend as recorded in issue 5.
 //!
-//! Tolerance on logits: TOL = 0.01 absolute (the logits are O(10)). The GPU sums in a
-//! different order than the reference over 30 layers; the differences measured here are
-//! a few 1e-4 (printed by the tests). llama.cpp-Vulkan agrees with the reference within
-//! 0.01 on the recorded cases, and the issue bounds its top-5 logits at 0.05.
+//! Tolerance on logits: TOL = 0.002 absolute (the logits are O(10), so ~1e-4 relative).
+//! The GPU sums in a different order than the reference over 30 layers; the largest
+//! difference measured on these prompts is 2.4e-4 (the tests print theirs), so TOL leaves
+//! a margin of 8x while a wrong row, scale or position moves logits by O(1).
+//! llama.cpp-Vulkan agrees with the reference within 0.01 on the recorded cases, and the
+//! issue bounds its top-5 logits at 0.05.
 //! Greedy ids must equal the reference's; a divergence is tolerated only at a step whose
 //! reference top-2 gap is below TOL (reported, and the comparison stops there).
 
@@ -17,7 +19,7 @@ use common::*;
 use engine::{Session, SessionOptions, WeightsMode};
 use reference::{forward, Model, State};
 
-const TOL: f32 = 0.01;
+const TOL: f32 = 0.002;
 const EOS: u32 = 2;
 const FRANCE: [u32; 5] = [504, 3575, 282, 4649, 314];
 const FIB: [u32; 6] = [1604, 3987, 46477, 24, 94, 727];
