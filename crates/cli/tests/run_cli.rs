@@ -1,0 +1,330 @@
+//! The main command end to end, as a user runs it: `vkdecode -m model.gguf -p "..."`,
+//! on both backends, its stats, and its answers to bad input; plus `info` and
+//! `inspect --plan`, which report what the residency layer decides on this device.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn models() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+fn model(name: &str) -> PathBuf {
+    let path = models().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run models/fetch to download the default model",
+        path.display()
+    );
+    path
+}
+
+fn q8() -> PathBuf {
+    model("SmolLM2-135M-Instruct.Q8_0.gguf")
+}
+
+fn vkdecode(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args(args)
+        .output()
+        .expect("run vkdecode")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "vkdecode failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("utf-8 output")
+}
+
+fn fails_with(out: &Output, needle: &str) {
+    assert!(!out.status.success(), "expected a failure, got success");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(needle),
+        "stderr should mention {needle:?}, got: {err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "a panic is never an answer: {err}"
+    );
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("stats file written");
+    serde_json::from_str(&text).expect("stats file is JSON")
+}
+
+/// llama.cpp's greedy continuation of "The capital of France is" on the Q8_0 file (issue 3):
+/// " Paris.\n\nThe answer is: 2018-01-22 12:12:53." then EOS.
+const PARIS: [u64; 29] = [
+    7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34, 34, 216, 33,
+    34, 42, 33, 34, 42, 37, 35, 30,
+];
+
+#[test]
+fn vulkan_greedy_decode_prints_paris_and_its_stats() {
+    let dir = tempdir();
+    let stats = dir.join("stats.json");
+    let out = vkdecode(&[
+        "-m",
+        q8().to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "32",
+        "--temp",
+        "0",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    let text = ok(&out);
+    assert_eq!(text, " Paris.\n\nThe answer is: 2018-01-22 12:12:53.\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "device:",
+        "weights: auto -> import(file)",
+        "decode:",
+        "RssAnon",
+    ] {
+        assert!(
+            err.contains(needle),
+            "stats on stderr lack {needle:?}: {err}"
+        );
+    }
+
+    let s = read_json(&stats);
+    for key in [
+        "backend",
+        "device",
+        "weights_mode",
+        "weights_path",
+        "model_bytes",
+        "load_ms",
+        "rss_anon_kb",
+        "rss_file_kb",
+        "pss_kb",
+        "device_bytes",
+        "file_resident_bytes",
+        "ttft_ms",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "prompt_ids",
+        "generated_ids",
+        "text",
+    ] {
+        assert!(s.get(key).is_some(), "--stats-json lacks {key}: {s}");
+    }
+    assert_eq!(s["backend"], "vulkan");
+    assert_eq!(s["weights_mode"], "auto");
+    assert_eq!(s["weights_path"], "import(file)");
+    assert_eq!(s["stop_reason"], "eog");
+    assert_eq!(
+        s["prompt_ids"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
+    assert_eq!(s["generated_ids"], serde_json::json!(PARIS));
+    assert_eq!(
+        s["model_bytes"].as_u64(),
+        Some(q8().metadata().unwrap().len())
+    );
+    assert!(s["decode_tok_s"].as_f64().unwrap() > 0.0);
+    // Condition 2 of DESIGN.md: with greedy sampling the host reads back one u32 per token.
+    let n_tokens = PARIS.len() as u64 + 1;
+    assert_eq!(s["bytes_read_back"].as_u64(), Some(4 * n_tokens), "{s}");
+}
+
+#[test]
+fn reference_backend_prints_paris() {
+    let out = vkdecode(&[
+        "-m",
+        q8().to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "--backend",
+        "reference",
+        "-n",
+        "32",
+    ]);
+    let text = ok(&out);
+    assert_eq!(text, " Paris.\n\nThe answer is: 2018-01-22 12:12:53.\n");
+}
+
+#[test]
+fn copy_and_import_give_the_same_tokens_and_check_agrees() {
+    let dir = tempdir();
+    let mut generated = Vec::new();
+    for weights in ["import", "copy"] {
+        let stats = dir.join(format!("{weights}.json"));
+        let out = vkdecode(&[
+            "-m",
+            q8().to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--check",
+            "--weights",
+            weights,
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ]);
+        ok(&out);
+        let s = read_json(&stats);
+        assert_eq!(s["weights_mode"], weights);
+        let expected_path = if weights == "copy" {
+            "copy"
+        } else {
+            "import(file)"
+        };
+        assert_eq!(s["weights_path"], expected_path);
+        // --check runs the f32 reference beside the GPU: the logits agree closely.
+        let diff = s["check_max_logit_diff"].as_f64().unwrap();
+        assert!(diff < 0.05, "GPU vs reference logits differ by {diff}");
+        generated.push(s["generated_ids"].clone());
+    }
+    assert_eq!(generated[0], generated[1]);
+}
+
+#[test]
+fn sampling_is_reproducible_with_a_seed() {
+    let run = |seed: &str| {
+        let out = vkdecode(&[
+            "-m",
+            q8().to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "12",
+            "--seed",
+            seed,
+            "--temp",
+            "1.0",
+        ]);
+        ok(&out)
+    };
+    assert_eq!(run("7"), run("7"));
+}
+
+#[test]
+fn chat_template_is_applied() {
+    let dir = tempdir();
+    let stats = dir.join("chat.json");
+    let out = vkdecode(&[
+        "-m",
+        q8().to_str().unwrap(),
+        "--chat",
+        "--system",
+        "You are terse.",
+        "-p",
+        "Hi",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    ok(&out);
+    let s = read_json(&stats);
+    let ids: Vec<u64> = s["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    // <|im_start|>system ... <|im_end|> ... <|im_start|>assistant\n
+    assert_eq!(ids.first(), Some(&1));
+    assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 3, "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 2, "{ids:?}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let q8 = q8();
+    let m = q8.to_str().unwrap();
+    fails_with(&vkdecode(&["-m", m, "-p", ""]), "prompt is empty");
+    fails_with(&vkdecode(&["-p", "hello"]), "no model given");
+    fails_with(&vkdecode(&["-m", m]), "no prompt given");
+    fails_with(
+        &vkdecode(&["-m", "/nonexistent/model.gguf", "-p", "x"]),
+        "/nonexistent/model.gguf",
+    );
+    let long = "word ".repeat(100);
+    fails_with(&vkdecode(&["-m", m, "-p", &long, "-c", "16"]), "raise -c");
+    fails_with(&vkdecode(&["-m", m, "-p", "x", "-n", "0"]), "-n must be");
+    fails_with(
+        &vkdecode(&["-m", m, "-p", "x", "--import-cap", "12 parsecs"]),
+        "size",
+    );
+    // A file that is not GGUF.
+    let dir = tempdir();
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"not a model at all").unwrap();
+    fails_with(
+        &vkdecode(&["-m", junk.to_str().unwrap(), "-p", "x"]),
+        "junk.gguf",
+    );
+}
+
+#[test]
+fn context_full_stops_with_a_message() {
+    let out = vkdecode(&[
+        "-m",
+        q8().to_str().unwrap(),
+        "-p",
+        "Once upon a time",
+        "-n",
+        "-1",
+        "-c",
+        "12",
+        "--temp",
+        "0",
+        "--ignore-eos",
+    ]);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("context of 12 tokens is full"), "{err}");
+}
+
+#[test]
+fn info_reports_the_extension_and_auto_import() {
+    let out = vkdecode(&["info"]);
+    let text = ok(&out);
+    assert!(text.contains("VK_EXT_external_memory_host"), "{text}");
+    assert!(text.contains("4096"), "{text}");
+    assert!(text.contains("auto"), "{text}");
+    assert!(text.contains("import"), "{text}");
+}
+
+#[test]
+fn inspect_plan_covers_every_tensor() {
+    let out = vkdecode(&[
+        "inspect",
+        q8().to_str().unwrap(),
+        "--plan",
+        "--import-cap",
+        "1MiB",
+    ]);
+    let text = ok(&out);
+    assert!(text.to_lowercase().contains("shard"), "{text}");
+}
+
+/// A fresh directory under the target dir, removed by nobody (cargo clean does).
+fn tempdir() -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "vkdecode-run-cli-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
