@@ -5,7 +5,8 @@
 // add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
 //
 // Each invocation computes PAIRS pairs of rows for TB (1..4) tokens. Lanes of a workgroup
-// take neighbouring pairs; every weight word fetched is used for TB tokens. A pair is:
+// take neighbouring pairs; every weight word fetched is used for TB tokens and every input
+// quad fetched for both rows of the pair. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
@@ -73,16 +74,32 @@ vec4 xq(uint t, uint q) {
     return texelFetch(x4, int(x_row(t) * (pc.x_ld / 4u) + q));
 }
 
-// acc (one component per token) += row at word `base` of BUF · X
-#define ROW_DOT(BUF, base, acc)                                                           \
+// acc_a, acc_b (one component per token) += rows at words base_a of BA and base_b of BB · X,
+// each input quad fetched once for both rows
+#define PAIR_DOT(BA, base_a, BB, base_b)                                                  \
     for (uint c = 0u; c < nchunks; c++) {                                                 \
-        uint cb_ = (base) + c * CHUNK_WORDS;                                              \
+        uint ca0_ = (base_a) + c * CHUNK_WORDS;                                           \
+        uint cb0_ = (base_b) + c * CHUNK_WORDS;                                           \
         uint q0_ = c * 16u;                                                               \
-        FOR_EACH_QUAD(BUF, cb_,                                                           \
-            acc.x = dot4(wq, xq(0u, q0_ + qi), acc.x);                                    \
-            if (TB > 1u) { acc.y = dot4(wq, xq(1u, q0_ + qi), acc.y); }                   \
-            if (TB > 2u) { acc.z = dot4(wq, xq(2u, q0_ + qi), acc.z); }                   \
-            if (TB > 3u) { acc.w = dot4(wq, xq(3u, q0_ + qi), acc.w); }                   \
+        FOR_EACH_QUAD2(BA, ca0_, BB, cb0_,                                                \
+            vec4 x0_ = xq(0u, q0_ + qi);                                                  \
+            acc_a.x = dot4(wqa, x0_, acc_a.x);                                            \
+            acc_b.x = dot4(wqb, x0_, acc_b.x);                                            \
+            if (TB > 1u) {                                                                \
+                vec4 x1_ = xq(1u, q0_ + qi);                                              \
+                acc_a.y = dot4(wqa, x1_, acc_a.y);                                        \
+                acc_b.y = dot4(wqb, x1_, acc_b.y);                                        \
+            }                                                                             \
+            if (TB > 2u) {                                                                \
+                vec4 x2_ = xq(2u, q0_ + qi);                                              \
+                acc_a.z = dot4(wqa, x2_, acc_a.z);                                        \
+                acc_b.z = dot4(wqb, x2_, acc_b.z);                                        \
+            }                                                                             \
+            if (TB > 3u) {                                                                \
+                vec4 x3_ = xq(3u, q0_ + qi);                                              \
+                acc_a.w = dot4(wqa, x3_, acc_a.w);                                        \
+                acc_b.w = dot4(wqb, x3_, acc_b.w);                                        \
+            }                                                                             \
         )                                                                                 \
     }
 
@@ -132,17 +149,13 @@ void main() {
         vec4 acc_a = vec4(0.0);
         vec4 acc_b = vec4(0.0);
         if (OUT_MODE == OUT_GLU) {
-            ROW_DOT(w0, base_a, acc_a)
-            ROW_DOT(w1, base_b, acc_b)
+            PAIR_DOT(w0, base_a, w1, base_b)
         } else if (N_VIEWS == 1u || view == 0u) {
-            ROW_DOT(w0, base_a, acc_a)
-            ROW_DOT(w0, base_b, acc_b)
+            PAIR_DOT(w0, base_a, w0, base_b)
         } else if (N_VIEWS == 2u || view == 1u) {
-            ROW_DOT(w1, base_a, acc_a)
-            ROW_DOT(w1, base_b, acc_b)
+            PAIR_DOT(w1, base_a, w1, base_b)
         } else {
-            ROW_DOT(w2, base_a, acc_a)
-            ROW_DOT(w2, base_b, acc_b)
+            PAIR_DOT(w2, base_a, w2, base_b)
         }
 
         uint ga = orow + ra;  // global rows

@@ -142,3 +142,122 @@ vec4 nibbles(uint q, uint shift) {
 #else
 #error "define one of WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_F16, WTYPE_F32"
 #endif
+
+// FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY): the same for two rows in lockstep, BODY
+// seeing `wqa` and `wqb` (the quads of both rows at index `qi`), so that the caller fetches
+// each input quad once for both rows.
+#if defined(WTYPE_Q8_0)
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+    {                                                                                     \
+        uint pa_ = WORD(BA, (base_a));                                                    \
+        uint pb_ = WORD(BB, (base_b));                                                    \
+        float da_ = unpackHalf2x16(pa_).x * (1.0 / 16777216.0);                           \
+        float db_ = unpackHalf2x16(pb_).x * (1.0 / 16777216.0);                           \
+        for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
+            uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
+            uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
+            vec4 wqa = da_ * i8x4_shifted((pa_ >> 16) | (ca_ << 16));                     \
+            vec4 wqb = db_ * i8x4_shifted((pb_ >> 16) | (cb_ << 16));                     \
+            uint qi = k_;                                                                 \
+            BODY                                                                          \
+            pa_ = ca_;                                                                    \
+            pb_ = cb_;                                                                    \
+        }                                                                                 \
+        da_ = unpackHalf2x16(pa_).y * (1.0 / 16777216.0);                                 \
+        db_ = unpackHalf2x16(pb_).y * (1.0 / 16777216.0);                                 \
+        for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
+            vec4 wqa = da_ * i8x4_shifted(WORD(BA, (base_a) + 9u + k_));                  \
+            vec4 wqb = db_ * i8x4_shifted(WORD(BB, (base_b) + 9u + k_));                  \
+            uint qi = 8u + k_;                                                            \
+            BODY                                                                          \
+        }                                                                                 \
+    }
+#elif defined(WTYPE_Q4_0)
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+    {                                                                                     \
+        uint pa_ = WORD(BA, (base_a));                                                    \
+        uint pb_ = WORD(BB, (base_b));                                                    \
+        float da_ = unpackHalf2x16(pa_).x;                                                \
+        float db_ = unpackHalf2x16(pb_).x;                                                \
+        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
+            uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
+            uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
+            uint qa_ = (pa_ >> 16) | (ca_ << 16);                                         \
+            uint qb_ = (pb_ >> 16) | (cb_ << 16);                                         \
+            {                                                                             \
+                vec4 wqa = da_ * (nibbles(qa_, 0u) - 8.0);                                \
+                vec4 wqb = db_ * (nibbles(qb_, 0u) - 8.0);                                \
+                uint qi = k_;                                                             \
+                BODY                                                                      \
+            }                                                                             \
+            {                                                                             \
+                vec4 wqa = da_ * (nibbles(qa_, 4u) - 8.0);                                \
+                vec4 wqb = db_ * (nibbles(qb_, 4u) - 8.0);                                \
+                uint qi = 4u + k_;                                                        \
+                BODY                                                                      \
+            }                                                                             \
+            pa_ = ca_;                                                                    \
+            pb_ = cb_;                                                                    \
+        }                                                                                 \
+        da_ = unpackHalf2x16(pa_).y;                                                      \
+        db_ = unpackHalf2x16(pb_).y;                                                      \
+        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
+            uint qa_ = WORD(BA, (base_a) + 5u + k_);                                      \
+            uint qb_ = WORD(BB, (base_b) + 5u + k_);                                      \
+            {                                                                             \
+                vec4 wqa = da_ * (nibbles(qa_, 0u) - 8.0);                                \
+                vec4 wqb = db_ * (nibbles(qb_, 0u) - 8.0);                                \
+                uint qi = 8u + k_;                                                        \
+                BODY                                                                      \
+            }                                                                             \
+            {                                                                             \
+                vec4 wqa = da_ * (nibbles(qa_, 4u) - 8.0);                                \
+                vec4 wqb = db_ * (nibbles(qb_, 4u) - 8.0);                                \
+                uint qi = 12u + k_;                                                       \
+                BODY                                                                      \
+            }                                                                             \
+        }                                                                                 \
+    }
+#elif defined(WTYPE_Q4_1)
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+    for (uint b_ = 0u; b_ < 2u; b_++) {                                                   \
+        vec2 dma_ = unpackHalf2x16(WORD(BA, (base_a) + 5u * b_));                         \
+        vec2 dmb_ = unpackHalf2x16(WORD(BB, (base_b) + 5u * b_));                         \
+        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
+            uint qa_ = WORD(BA, (base_a) + 5u * b_ + 1u + k_);                            \
+            uint qb_ = WORD(BB, (base_b) + 5u * b_ + 1u + k_);                            \
+            {                                                                             \
+                vec4 wqa = fma(vec4(dma_.x), nibbles(qa_, 0u), vec4(dma_.y));             \
+                vec4 wqb = fma(vec4(dmb_.x), nibbles(qb_, 0u), vec4(dmb_.y));             \
+                uint qi = 8u * b_ + k_;                                                   \
+                BODY                                                                      \
+            }                                                                             \
+            {                                                                             \
+                vec4 wqa = fma(vec4(dma_.x), nibbles(qa_, 4u), vec4(dma_.y));             \
+                vec4 wqb = fma(vec4(dmb_.x), nibbles(qb_, 4u), vec4(dmb_.y));             \
+                uint qi = 8u * b_ + 4u + k_;                                              \
+                BODY                                                                      \
+            }                                                                             \
+        }                                                                                 \
+    }
+#elif defined(WTYPE_F16)
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+    for (uint qi = 0u; qi < 16u; qi++) {                                                  \
+        vec4 wqa = vec4(unpackHalf2x16(WORD(BA, (base_a) + 2u * qi)),                     \
+                        unpackHalf2x16(WORD(BA, (base_a) + 2u * qi + 1u)));               \
+        vec4 wqb = vec4(unpackHalf2x16(WORD(BB, (base_b) + 2u * qi)),                     \
+                        unpackHalf2x16(WORD(BB, (base_b) + 2u * qi + 1u)));               \
+        BODY                                                                              \
+    }
+#elif defined(WTYPE_F32)
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+    for (uint qi = 0u; qi < 16u; qi++) {                                                  \
+        uint oa_ = (base_a) + 4u * qi;                                                    \
+        uint ob_ = (base_b) + 4u * qi;                                                    \
+        vec4 wqa = uintBitsToFloat(uvec4(WORD(BA, oa_), WORD(BA, oa_ + 1u),               \
+                                         WORD(BA, oa_ + 2u), WORD(BA, oa_ + 3u)));        \
+        vec4 wqb = uintBitsToFloat(uvec4(WORD(BB, ob_), WORD(BB, ob_ + 1u),               \
+                                         WORD(BB, ob_ + 2u), WORD(BB, ob_ + 3u)));        \
+        BODY                                                                              \
+    }
+#endif
