@@ -171,7 +171,12 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// Figures of one generation, in the order they happen.
 #[derive(Default)]
 struct Timings {
+    /// Everything before the first prompt token: Vulkan start, weights, pipelines
+    /// (compiled and warmed), activation buffers.
     load_ms: f64,
+    /// The part of `load_ms` that puts the weights on the device (import or copy): what
+    /// `--weights` changes.
+    weights_load_ms: f64,
     prefill_ms: f64,
     ttft_ms: f64,
     decode_ms: f64,
@@ -282,6 +287,7 @@ pub fn run(args: Args) -> Result<()> {
     // Generate.
     let mut t = Timings {
         load_ms: forward.load_ms,
+        weights_load_ms: forward.weights_load_ms,
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();
@@ -372,6 +378,7 @@ pub fn run(args: Args) -> Result<()> {
         "weights_path": forward.weights_path.clone(),
         "device_bytes": forward.device_bytes,
         "load_ms": t.load_ms,
+        "weights_load_ms": t.weights_load_ms,
         "ttft_ms": t.ttft_ms,
         "prefill_ms": t.prefill_ms,
         "decode_ms": t.decode_ms,
@@ -397,8 +404,13 @@ pub fn run(args: Args) -> Result<()> {
     }
     eprintln!();
     eprintln!(
-        "device: {} | weights: {} -> {} | load {:.0} ms | ttft {:.0} ms",
-        forward.device, forward.weights_mode, forward.weights_path, t.load_ms, t.ttft_ms
+        "device: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
+        forward.device,
+        forward.weights_mode,
+        forward.weights_path,
+        t.load_ms,
+        t.weights_load_ms,
+        t.ttft_ms
     );
     eprintln!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
@@ -431,7 +443,10 @@ struct Forward {
     /// With `--check`: the reference decoder run beside the GPU.
     check: Option<(reference::Model, reference::State)>,
     last_check_diff: Option<f32>,
+    /// The whole backend start.
     load_ms: f64,
+    /// Weights onto the device (the reference: reading and widening them to f32).
+    weights_load_ms: f64,
     device: String,
     weights_mode: String,
     weights_path: String,
@@ -461,6 +476,7 @@ impl Forward {
                 weights_mode: "none".into(),
                 weights_path: "f32 in RAM".into(),
                 device_bytes: 0,
+                weights_load_ms: 0.0,
             },
             Backend::Vulkan => {
                 let ctx = vk::Context::new(&vk::ContextOptions {
@@ -479,20 +495,24 @@ impl Forward {
                     profile: args.profile,
                 };
                 let session = engine::Session::new(ctx.clone(), file.clone(), &opts)?;
-                let report = session.weights().report();
+                let report = session.weights().report().clone();
                 Forward {
                     device: ctx.caps().name.clone(),
                     weights_mode: format!("{:?}", args.weights).to_lowercase(),
-                    weights_path: report.path.clone(),
+                    weights_path: report.path,
                     device_bytes: report.device_bytes,
                     backend: ForwardImpl::Vulkan(Box::new(session)),
                     check: None,
                     last_check_diff: None,
                     load_ms: 0.0,
+                    weights_load_ms: report.load_ms,
                 }
             }
         };
         f.load_ms = ms(start);
+        if args.backend == Backend::Reference {
+            f.weights_load_ms = f.load_ms;
+        }
         if args.check {
             f.check = Some(load_reference()?);
         }
