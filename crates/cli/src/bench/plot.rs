@@ -108,7 +108,7 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
             )))?;
             chart.draw_series(std::iter::once(Text::new(
                 format!("{:.2}", sp.median),
-                (x - 0.15, sp.median + ymax * 0.07),
+                (x - 0.27, sp.median + ymax * 0.07),
                 ("sans-serif", 13),
             )))?;
         }
