@@ -23,17 +23,28 @@ fn main() {
         return;
     }
     let model = env("VKDECODE_BENCH_MODEL").unwrap_or_else(|| {
-        format!("{}/../../models/SmolLM2-135M-Instruct.Q8_0.gguf", env!("CARGO_MANIFEST_DIR"))
+        format!(
+            "{}/../../models/SmolLM2-135M-Instruct.Q8_0.gguf",
+            env!("CARGO_MANIFEST_DIR")
+        )
     });
-    let mode: WeightsMode = env("VKDECODE_BENCH_WEIGHTS").map_or(WeightsMode::Auto, |m| m.parse().expect("weights mode"));
+    let mode: WeightsMode = env("VKDECODE_BENCH_WEIGHTS")
+        .map_or(WeightsMode::Auto, |m| m.parse().expect("weights mode"));
     let n: usize = env("VKDECODE_BENCH_TOKENS").map_or(64, |v| v.parse().expect("token count"));
     let profile = env("VKDECODE_BENCH_PROFILE").is_some_and(|v| v == "1");
     let sync = env("VKDECODE_BENCH_SYNC").is_some_and(|v| v == "1");
 
     let t0 = Instant::now();
     let ctx = vk::Context::new(&vk::ContextOptions::default()).expect("Vulkan context");
-    let file = Arc::new(gguf::GgufFile::open(&model).unwrap_or_else(|e| panic!("{model}: {e} (run models/fetch)")));
-    let mut opts = SessionOptions { ctx_len: 256, sync_each_layer: sync, profile, ..SessionOptions::default() };
+    let file = Arc::new(
+        gguf::GgufFile::open(&model).unwrap_or_else(|e| panic!("{model}: {e} (run models/fetch)")),
+    );
+    let mut opts = SessionOptions {
+        ctx_len: 256,
+        sync_each_layer: sync,
+        profile,
+        ..SessionOptions::default()
+    };
     opts.weights.mode = mode;
     let mut s = Session::new(ctx, file, &opts).expect("session");
     let load = t0.elapsed();
@@ -66,14 +77,30 @@ fn main() {
         let mut by_kind: BTreeMap<String, (u64, usize)> = BTreeMap::new();
         let total: u64 = p.iter().map(|k| k.ns).sum();
         for k in &p {
-            let kind = k.name.rsplit('.').next().unwrap_or(&k.name).split('#').next().unwrap_or("").to_string();
+            let kind = k
+                .name
+                .rsplit('.')
+                .next()
+                .unwrap_or(&k.name)
+                .split('#')
+                .next()
+                .unwrap_or("")
+                .to_string();
             let e = by_kind.entry(kind).or_default();
             e.0 += k.ns;
             e.1 += 1;
         }
-        println!("GPU time of the last token: {:.2} ms in {} dispatches", total as f64 / 1e6, p.len());
+        println!(
+            "GPU time of the last token: {:.2} ms in {} dispatches",
+            total as f64 / 1e6,
+            p.len()
+        );
         for (kind, (ns, count)) in by_kind {
-            println!("  {kind:<12} {count:>4} x  {:>8.3} ms  {:>5.1}%", ns as f64 / 1e6, 100.0 * ns as f64 / total as f64);
+            println!(
+                "  {kind:<12} {count:>4} x  {:>8.3} ms  {:>5.1}%",
+                ns as f64 / 1e6,
+                100.0 * ns as f64 / total as f64
+            );
         }
     }
 }

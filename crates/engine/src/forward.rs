@@ -64,11 +64,19 @@ impl Recorder<'_> {
     /// x[t] = token_embd[tokens[t]]
     pub fn embed(&mut self) -> Result<(), EngineError> {
         let e = &self.model.embed;
-        let p = self.kernels.embed_ref(e.ty).ok_or_else(|| missing("embed"))?;
+        let p = self
+            .kernels
+            .embed_ref(e.ty)
+            .ok_or_else(|| missing("embed"))?;
         let mut push = e.push;
         push.n_tok = self.n_tok;
         let chunks = self.cfg.dim.div_ceil(kernels::CHUNK) as u32;
-        self.cmd.dispatch(p, &e.set, bytemuck::bytes_of(&push), [chunks.div_ceil(kernels::EMBED_WG), self.n_tok, 1]);
+        self.cmd.dispatch(
+            p,
+            &e.set,
+            bytemuck::bytes_of(&push),
+            [chunks.div_ceil(kernels::EMBED_WG), self.n_tok, 1],
+        );
         self.after("embed");
         Ok(())
     }
@@ -108,8 +116,15 @@ impl Recorder<'_> {
     pub fn logits_argmax(&mut self) -> Result<(), EngineError> {
         let model = self.model;
         self.matmuls(&model.logits)?;
-        let push = kernels::ArgmaxPush { n: self.cfg.vocab_size as u32 };
-        self.cmd.dispatch(&self.kernels.argmax, &self.model.argmax, bytemuck::bytes_of(&push), [1, 1, 1]);
+        let push = kernels::ArgmaxPush {
+            n: self.cfg.vocab_size as u32,
+        };
+        self.cmd.dispatch(
+            &self.kernels.argmax,
+            &self.model.argmax,
+            bytemuck::bytes_of(&push),
+            [1, 1, 1],
+        );
         self.after("argmax");
         self.cmd.host_barrier();
         Ok(())
@@ -119,7 +134,11 @@ impl Recorder<'_> {
     fn dump_residual(&mut self, l: usize) {
         let row = (self.acts.max_batch * self.cfg.dim * 4) as u64;
         let n = u64::from(self.n_tok) * (self.cfg.dim * 4) as u64;
-        self.cmd.copy_buffer(self.acts.x.raw(), self.acts.layer_dump.raw(), &[(0, l as u64 * row, n)]);
+        self.cmd.copy_buffer(
+            self.acts.x.raw(),
+            self.acts.layer_dump.raw(),
+            &[(0, l as u64 * row, n)],
+        );
         self.cmd.barrier();
     }
 
@@ -128,8 +147,15 @@ impl Recorder<'_> {
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
         for call in calls {
             let key = matmul_key(call, self.batch, self.model.neox, self.model.head_dim);
-            let p = self.kernels.matmul_ref(&key).ok_or_else(|| missing(&call.name))?;
-            let (n_tok, x_tok0) = if call.last_token_only { (1, self.n_tok - 1) } else { (self.n_tok, 0) };
+            let p = self
+                .kernels
+                .matmul_ref(&key)
+                .ok_or_else(|| missing(&call.name))?;
+            let (n_tok, x_tok0) = if call.last_token_only {
+                (1, self.n_tok - 1)
+            } else {
+                (self.n_tok, 0)
+            };
             let mut push = MatmulPush {
                 n_tok,
                 x_tok0,
@@ -144,7 +170,8 @@ impl Recorder<'_> {
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);
-            self.cmd.dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
+            self.cmd
+                .dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
             if let Some((pool, names)) = self.profile.as_mut() {
                 if (names.len() as u32) + 1 < pool.count() {
                     names.push(call.name.clone());

@@ -173,13 +173,21 @@ pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> 
         push.wofs[s.slot] = s.wofs;
         push.orow[s.slot] = s.orow;
     }
-    push.tiles = [counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2], 0];
+    push.tiles = [
+        counts[0],
+        counts[0] + counts[1],
+        counts[0] + counts[1] + counts[2],
+        0,
+    ];
     [push.tiles[2], push.n_tok.div_ceil(key.tb), 1]
 }
 
 /// Whether the matmul and embedding kernels read this weight type.
 pub fn supported_weight_type(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
+    )
 }
 
 fn matmul_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
@@ -207,9 +215,9 @@ fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
         GgmlType::F32 => Kernel::EmbedF32,
         other => {
             return Err(EngineError::Unsupported(format!(
-                "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
-                other.name()
-            )))
+            "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
+            other.name()
+        )))
         }
     })
 }
@@ -282,7 +290,13 @@ impl Kernels {
                 spec: vec![ARGMAX_WG],
             },
         )?;
-        Ok(Kernels { ctx: Arc::clone(ctx), matmul: HashMap::new(), embed: HashMap::new(), attention, argmax })
+        Ok(Kernels {
+            ctx: Arc::clone(ctx),
+            matmul: HashMap::new(),
+            embed: HashMap::new(),
+            attention,
+            argmax,
+        })
     }
 
     /// The matmul pipeline for `key`, created on first request.

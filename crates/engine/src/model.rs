@@ -38,9 +38,17 @@ pub enum Batch {
 }
 
 /// Decode: 8 lanes × 4 row pairs = 64 rows per workgroup, one token.
-pub const DECODE_SHAPE: MatmulShape = MatmulShape { wg: 8, pairs: 4, tb: 1 };
+pub const DECODE_SHAPE: MatmulShape = MatmulShape {
+    wg: 8,
+    pairs: 4,
+    tb: 1,
+};
 /// Prefill: each weight chunk loaded is used for 4 tokens.
-pub const PREFILL_SHAPE: MatmulShape = MatmulShape { wg: 8, pairs: 4, tb: 4 };
+pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
+    wg: 8,
+    pairs: 4,
+    tb: 4,
+};
 
 /// One `matmul.comp` dispatch (per batch kind the pipeline differs only in shape).
 pub struct MatmulCall {
@@ -107,11 +115,31 @@ struct Views {
 
 impl Views {
     fn new(ctx: &Arc<vk::Context>, acts: &Activations) -> Result<Views, EngineError> {
-        let f = |b: &vk::Buffer| BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).map(Arc::new);
-        let dummy_w = Arc::new(BufferView::new(ctx, acts.dummy.binding(), TexelFormat::R32Uint)?);
+        let f = |b: &vk::Buffer| {
+            BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).map(Arc::new)
+        };
+        let dummy_w = Arc::new(BufferView::new(
+            ctx,
+            acts.dummy.binding(),
+            TexelFormat::R32Uint,
+        )?);
         let (x, xg, att_out, hb) = (f(&acts.x)?, f(&acts.xg)?, f(&acts.att_out)?, f(&acts.hb)?);
-        let all = vec![Arc::clone(&dummy_w), Arc::clone(&x), Arc::clone(&xg), Arc::clone(&att_out), Arc::clone(&hb)];
-        Ok(Views { ctx: Arc::clone(ctx), dummy_w, x, xg, att_out, hb, all })
+        let all = vec![
+            Arc::clone(&dummy_w),
+            Arc::clone(&x),
+            Arc::clone(&xg),
+            Arc::clone(&att_out),
+            Arc::clone(&hb),
+        ];
+        Ok(Views {
+            ctx: Arc::clone(ctx),
+            dummy_w,
+            x,
+            xg,
+            att_out,
+            hb,
+            all,
+        })
     }
 
     /// An R32UI view of a weight part (kept alive by the model).
@@ -124,7 +152,17 @@ impl Views {
 
 /// The matmul pipeline key of `call` for a batch kind.
 pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
-    key_of(call.wtype, call.in_mode, call.out_mode, call.n_views, call.last_token_only, call.ncols, batch, neox, head_dim)
+    key_of(
+        call.wtype,
+        call.in_mode,
+        call.out_mode,
+        call.n_views,
+        call.last_token_only,
+        call.ncols,
+        batch,
+        neox,
+        head_dim,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -150,18 +188,34 @@ fn key_of(
         // a workgroup must hold whole heads so that both rows of a pair are its own
         pairs = (head_dim / (2 * shape.wg)).max(1);
     }
-    MatmulKey { wtype, in_mode, out_mode, neox: qkv_neox, n_views, wg: shape.wg, pairs, tb: shape.tb }
+    MatmulKey {
+        wtype,
+        in_mode,
+        out_mode,
+        neox: qkv_neox,
+        n_views,
+        wg: shape.wg,
+        pairs,
+        tb: shape.tb,
+    }
 }
 
 fn to_u32(v: u64, what: &str) -> Result<u32, EngineError> {
-    u32::try_from(v).map_err(|_| EngineError::Unsupported(format!("{what} = {v} does not fit in 32 bits")))
+    u32::try_from(v)
+        .map_err(|_| EngineError::Unsupported(format!("{what} = {v} does not fit in 32 bits")))
 }
 
 /// A 2-D weight the matmul kernels can read: `rows` rows of `cols` elements.
-fn matrix<'w>(weights: &'w Weights, name: &str, rows: usize, cols: usize) -> Result<&'w TensorView, EngineError> {
-    let v = weights
-        .view(name)
-        .ok_or_else(|| EngineError::Tensor { name: name.into(), why: "missing from the model".into() })?;
+fn matrix<'w>(
+    weights: &'w Weights,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<&'w TensorView, EngineError> {
+    let v = weights.view(name).ok_or_else(|| EngineError::Tensor {
+        name: name.into(),
+        why: "missing from the model".into(),
+    })?;
     let want = [cols as u64, rows as u64];
     if v.shape.as_slice() != want {
         return Err(EngineError::Tensor {
@@ -172,20 +226,26 @@ fn matrix<'w>(weights: &'w Weights, name: &str, rows: usize, cols: usize) -> Res
     if !kernels::supported_weight_type(v.ty) {
         return Err(EngineError::Tensor {
             name: name.into(),
-            why: format!("type {} is not read by the GPU kernels (Q8_0, Q4_0, Q4_1, F16, F32 are)", v.ty.name()),
+            why: format!(
+                "type {} is not read by the GPU kernels (Q8_0, Q4_0, Q4_1, F16, F32 are)",
+                v.ty.name()
+            ),
         });
     }
-    if cols % CHUNK != 0 {
+    if !cols.is_multiple_of(CHUNK) {
         return Err(EngineError::Tensor {
             name: name.into(),
             why: format!("rows of {cols} elements: the GPU kernels need a multiple of {CHUNK}"),
         });
     }
     for p in &v.parts {
-        if p.byte_offset % 4 != 0 {
+        if !p.byte_offset.is_multiple_of(4) {
             return Err(EngineError::Tensor {
                 name: name.into(),
-                why: format!("part at byte offset {} is not 4-byte aligned", p.byte_offset),
+                why: format!(
+                    "part at byte offset {} is not 4-byte aligned",
+                    p.byte_offset
+                ),
             });
         }
     }
@@ -194,18 +254,27 @@ fn matrix<'w>(weights: &'w Weights, name: &str, rows: usize, cols: usize) -> Res
 
 /// An F32 vector of `n` elements (a norm weight) bound whole: binding and float offset.
 fn vector(weights: &Weights, name: &str, n: usize) -> Result<(BufferBinding, u32), EngineError> {
-    let v = weights
-        .view(name)
-        .ok_or_else(|| EngineError::Tensor { name: name.into(), why: "missing from the model".into() })?;
+    let v = weights.view(name).ok_or_else(|| EngineError::Tensor {
+        name: name.into(),
+        why: "missing from the model".into(),
+    })?;
     if v.ty != GgmlType::F32 || v.shape.as_slice() != [n as u64] || v.parts.len() != 1 {
         return Err(EngineError::Tensor {
             name: name.into(),
-            why: format!("expected one F32 part of shape [{n}], found {} {:?} in {} part(s)", v.ty.name(), v.shape, v.parts.len()),
+            why: format!(
+                "expected one F32 part of shape [{n}], found {} {:?} in {} part(s)",
+                v.ty.name(),
+                v.shape,
+                v.parts.len()
+            ),
         });
     }
     let p = &v.parts[0];
-    if p.byte_offset % 4 != 0 {
-        return Err(EngineError::Tensor { name: name.into(), why: "not 4-byte aligned".into() });
+    if !p.byte_offset.is_multiple_of(4) {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: "not 4-byte aligned".into(),
+        });
     }
     Ok((p.binding, to_u32(p.byte_offset / 4, "norm offset")?))
 }
@@ -239,7 +308,10 @@ impl GpuModel {
         kernels: &mut Kernels,
     ) -> Result<GpuModel, EngineError> {
         if cfg.arch != Arch::Llama && cfg.arch != Arch::Qwen2 {
-            return Err(EngineError::Unsupported(format!("architecture {}", cfg.arch.name())));
+            return Err(EngineError::Unsupported(format!(
+                "architecture {}",
+                cfg.arch.name()
+            )));
         }
         if cfg.arch == Arch::Qwen2 {
             return Err(EngineError::Unsupported(
@@ -248,7 +320,11 @@ impl GpuModel {
         }
         let neox = cfg.rope_mode == RopeMode::Neox;
         let hd = cfg.head_dim;
-        if hd % 2 != 0 || hd / 2 > kernels::STEP_FREQS_MAX || cfg.n_kv_heads == 0 || cfg.n_heads % cfg.n_kv_heads != 0 {
+        if !hd.is_multiple_of(2)
+            || hd / 2 > kernels::STEP_FREQS_MAX
+            || cfg.n_kv_heads == 0
+            || !cfg.n_heads.is_multiple_of(cfg.n_kv_heads)
+        {
             return Err(EngineError::Unsupported(format!(
                 "head_dim {hd} with {} heads and {} kv heads (need an even head_dim <= {} and n_heads a multiple of n_kv_heads)",
                 cfg.n_heads,
@@ -256,10 +332,13 @@ impl GpuModel {
                 2 * kernels::STEP_FREQS_MAX
             )));
         }
-        if neox && hd % 16 != 0 {
-            return Err(EngineError::Unsupported(format!("neox rope with head_dim {hd} (a multiple of 16 is needed)")));
+        if neox && !hd.is_multiple_of(16) {
+            return Err(EngineError::Unsupported(format!(
+                "neox rope with head_dim {hd} (a multiple of 16 is needed)"
+            )));
         }
-        let (dim, hidden, q_dim, kv_dim) = (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
+        let (dim, hidden, q_dim, kv_dim) =
+            (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
         let dummy = acts.dummy.binding();
         let head_dim = to_u32(hd as u64, "head_dim")?;
         let mut views = Views::new(ctx, acts)?;
@@ -351,7 +430,8 @@ impl GpuModel {
                 out_ld: dim,
                 last_token_only: false,
             };
-            let mut build = |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, &mut views, neox, head_dim);
+            let mut build =
+                |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
                 qkv: build(qkv)?,
                 attention,
@@ -361,7 +441,11 @@ impl GpuModel {
             });
         }
 
-        let out_name = if cfg.tied_output { "token_embd.weight" } else { "output.weight" };
+        let out_name = if cfg.tied_output {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
         let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
         let logits = matmul_calls(
             MatmulSpec {
@@ -385,8 +469,18 @@ impl GpuModel {
             neox,
             head_dim,
         )?;
-        let argmax = kernels.argmax.descriptor_set(&[acts.logits.binding(), acts.result.binding()])?;
-        Ok(GpuModel { embed, layers, logits, argmax, neox, head_dim, views: views.all })
+        let argmax = kernels
+            .argmax
+            .descriptor_set(&[acts.logits.binding(), acts.result.binding()])?;
+        Ok(GpuModel {
+            embed,
+            layers,
+            logits,
+            argmax,
+            neox,
+            head_dim,
+            views: views.all,
+        })
     }
 }
 
@@ -401,7 +495,10 @@ fn embed_call(
     if view.parts.len() > 3 {
         return Err(EngineError::Tensor {
             name: view.name.clone(),
-            why: format!("{} row-range parts; the embedding gather binds at most 3", view.parts.len()),
+            why: format!(
+                "{} row-range parts; the embedding gather binds at most 3",
+                view.parts.len()
+            ),
         });
     }
     let mut push = kernels::EmbedPush {
@@ -412,7 +509,11 @@ fn embed_call(
         part_end: [u32::MAX; 4],
         wofs: [0; 4],
     };
-    let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
+    let mut w = [
+        Arc::clone(&views.dummy_w),
+        Arc::clone(&views.dummy_w),
+        Arc::clone(&views.dummy_w),
+    ];
     for (i, p) in view.parts.iter().enumerate() {
         w[i] = views.weights(p.binding)?;
         push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
@@ -427,7 +528,11 @@ fn embed_call(
         Descriptor::Buffer(acts.xg.binding()),
         Descriptor::Buffer(norm.0),
     ])?;
-    Ok(EmbedCall { set, ty: view.ty, push })
+    Ok(EmbedCall {
+        set,
+        ty: view.ty,
+        push,
+    })
 }
 
 /// Splits a fused matmul into dispatches: one when every view has the same type and is
@@ -447,12 +552,21 @@ fn matmul_calls(
     // groups of (slot, view, part index) sharing one dispatch
     let mut groups: Vec<Vec<(usize, &TensorView, usize)>> = Vec::new();
     if same_type && whole {
-        groups.push(spec.views.iter().enumerate().map(|(s, v)| (s, *v, 0)).collect());
+        groups.push(
+            spec.views
+                .iter()
+                .enumerate()
+                .map(|(s, v)| (s, *v, 0))
+                .collect(),
+        );
     } else if spec.out_mode == OutMode::Glu {
         let (g, u) = (spec.views[0], spec.views[1]);
         let aligned = g.ty == u.ty
             && g.parts.len() == u.parts.len()
-            && g.parts.iter().zip(&u.parts).all(|(a, b)| a.first_row == b.first_row && a.n_rows == b.n_rows);
+            && g.parts
+                .iter()
+                .zip(&u.parts)
+                .all(|(a, b)| a.first_row == b.first_row && a.n_rows == b.n_rows);
         if !aligned {
             return Err(EngineError::Unsupported(format!(
                 "{}: gate ({} in {} parts) and up ({} in {} parts) must have the same type and row split",
@@ -476,7 +590,11 @@ fn matmul_calls(
     let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
     let mut calls = Vec::with_capacity(groups.len());
     for (gi, group) in groups.iter().enumerate() {
-        let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
+        let mut w = [
+            Arc::clone(&views.dummy_w),
+            Arc::clone(&views.dummy_w),
+            Arc::clone(&views.dummy_w),
+        ];
         let mut slots = Vec::new();
         for &(s, v, i) in group {
             let p = &v.parts[i];
@@ -502,7 +620,11 @@ fn matmul_calls(
             Descriptor::Texel(spec.xr.as_ref().unwrap_or(&spec.x)),
         ];
         let call = MatmulCall {
-            name: if groups.len() == 1 { spec.name.clone() } else { format!("{}#{gi}", spec.name) },
+            name: if groups.len() == 1 {
+                spec.name.clone()
+            } else {
+                format!("{}#{gi}", spec.name)
+            },
             set: {
                 let ty = group[0].1.ty;
                 let key = key_of(

@@ -49,7 +49,10 @@ impl Default for SamplerOptions {
 impl SamplerOptions {
     /// Greedy decoding (temperature 0, no penalty).
     pub fn greedy() -> Self {
-        SamplerOptions { temperature: 0.0, ..SamplerOptions::default() }
+        SamplerOptions {
+            temperature: 0.0,
+            ..SamplerOptions::default()
+        }
     }
 }
 
@@ -77,7 +80,13 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(opts: SamplerOptions) -> Sampler {
         let rng = StdRng::seed_from_u64(opts.seed);
-        Sampler { opts, rng, history: VecDeque::new(), cand: Vec::new(), seen: Vec::new() }
+        Sampler {
+            opts,
+            rng,
+            history: VecDeque::new(),
+            cand: Vec::new(),
+            seen: Vec::new(),
+        }
     }
 
     pub fn options(&self) -> &SamplerOptions {
@@ -117,9 +126,11 @@ impl Sampler {
             return Err(SampleError::Empty);
         }
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         self.apply_penalty();
-        self.cand.retain(|&(_, l)| !l.is_nan() && l != f32::NEG_INFINITY);
+        self.cand
+            .retain(|&(_, l)| !l.is_nan() && l != f32::NEG_INFINITY);
         if self.cand.is_empty() {
             return Err(SampleError::NoCandidate { n: logits.len() });
         }
@@ -225,7 +236,15 @@ mod tests {
     use super::*;
 
     fn opts(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerOptions {
-        SamplerOptions { temperature, top_k, top_p, min_p, repeat_penalty: 1.0, repeat_last_n: 64, seed: 7 }
+        SamplerOptions {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 7,
+        }
     }
 
     /// Frequencies of `n` draws.
@@ -240,7 +259,10 @@ mod tests {
     #[test]
     fn defaults_are_llama_cpp_s() {
         let o = SamplerOptions::default();
-        assert_eq!((o.temperature, o.top_k, o.top_p, o.min_p), (0.8, 40, 0.95, 0.05));
+        assert_eq!(
+            (o.temperature, o.top_k, o.top_p, o.min_p),
+            (0.8, 40, 0.95, 0.05)
+        );
         assert_eq!((o.repeat_penalty, o.repeat_last_n), (1.0, 64));
         assert!(!Sampler::new(o).is_greedy());
         assert!(Sampler::new(SamplerOptions::greedy()).is_greedy());
@@ -252,7 +274,10 @@ mod tests {
         assert_eq!(s.sample(&[0.5, 3.0, -1.0, 3.0, 2.9]).unwrap(), 1);
         assert_eq!(s.sample(&[f32::NAN, -2.0, -1.0]).unwrap(), 2);
         assert_eq!(s.sample(&[]), Err(SampleError::Empty));
-        assert_eq!(s.sample(&[f32::NAN, f32::NEG_INFINITY]), Err(SampleError::NoCandidate { n: 2 }));
+        assert_eq!(
+            s.sample(&[f32::NAN, f32::NEG_INFINITY]),
+            Err(SampleError::NoCandidate { n: 2 })
+        );
     }
 
     #[test]
@@ -267,8 +292,13 @@ mod tests {
     fn same_seed_same_tokens_other_seed_other_tokens() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let draw = |seed| {
-            let mut s = Sampler::new(SamplerOptions { seed, ..opts(1.5, 0, 1.0, 0.0) });
-            (0..64).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplerOptions {
+                seed,
+                ..opts(1.5, 0, 1.0, 0.0)
+            });
+            (0..64)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));
@@ -324,7 +354,11 @@ mod tests {
         s.accept(0);
         assert_eq!(s.sample(&[3.0, 1.4, -1.0]).unwrap(), 0);
         // negative logits get more negative: -1 -> -2 < -1.5
-        let mut s2 = Sampler::new(SamplerOptions { repeat_penalty: 2.0, repeat_last_n: 4, ..SamplerOptions::greedy() });
+        let mut s2 = Sampler::new(SamplerOptions {
+            repeat_penalty: 2.0,
+            repeat_last_n: 4,
+            ..SamplerOptions::greedy()
+        });
         s2.accept(0);
         assert_eq!(s2.sample(&[-1.0, -1.5]).unwrap(), 1);
         // history window: only the last 2 tokens count

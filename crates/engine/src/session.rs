@@ -35,7 +35,12 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { weights: ResidencyOptions::default(), ctx_len: 2048, sync_each_layer: false, profile: false }
+        SessionOptions {
+            weights: ResidencyOptions::default(),
+            ctx_len: 2048,
+            sync_each_layer: false,
+            profile: false,
+        }
     }
 }
 
@@ -95,17 +100,32 @@ pub struct Activations {
 }
 
 impl Activations {
-    fn new(ctx: &Arc<vk::Context>, cfg: &Config, ctx_len: usize, max_batch: usize) -> Result<Activations, EngineError> {
+    fn new(
+        ctx: &Arc<vk::Context>,
+        cfg: &Config,
+        ctx_len: usize,
+        max_batch: usize,
+    ) -> Result<Activations, EngineError> {
         let f = 4u64;
         let b = max_batch as u64;
-        let buf = |name: &str, bytes: u64, loc: MemLocation| Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc));
+        let buf = |name: &str, bytes: u64, loc: MemLocation| {
+            Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc))
+        };
         let q_dim = (cfg.n_heads * cfg.head_dim) as u64;
         let kv_bytes = ctx_len as u64 * cfg.kv_dim() as u64 * f;
         let mut key_cache = Vec::with_capacity(cfg.n_layers);
         let mut value_cache = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            key_cache.push(buf(&format!("key_cache.{l}"), kv_bytes, MemLocation::GpuOnly)?);
-            value_cache.push(buf(&format!("value_cache.{l}"), kv_bytes, MemLocation::GpuOnly)?);
+            key_cache.push(buf(
+                &format!("key_cache.{l}"),
+                kv_bytes,
+                MemLocation::GpuOnly,
+            )?);
+            value_cache.push(buf(
+                &format!("value_cache.{l}"),
+                kv_bytes,
+                MemLocation::GpuOnly,
+            )?);
         }
         Ok(Activations {
             x: buf("x", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
@@ -113,13 +133,25 @@ impl Activations {
             q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
             att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
             hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
-            scores: buf("scores", b * cfg.n_heads as u64 * ctx_len as u64 * f, MemLocation::GpuOnly)?,
+            scores: buf(
+                "scores",
+                b * cfg.n_heads as u64 * ctx_len as u64 * f,
+                MemLocation::GpuOnly,
+            )?,
             key_cache,
             value_cache,
             logits: buf("logits", cfg.vocab_size as u64 * f, MemLocation::GpuToCpu)?,
             result: buf("result", 16, MemLocation::GpuToCpu)?,
-            step: buf("step", kernels::STEP_TOKENS_OFFSET + b * 4, MemLocation::CpuToGpu)?,
-            layer_dump: buf("layer_dump", cfg.n_layers as u64 * b * cfg.dim as u64 * f, MemLocation::GpuToCpu)?,
+            step: buf(
+                "step",
+                kernels::STEP_TOKENS_OFFSET + b * 4,
+                MemLocation::CpuToGpu,
+            )?,
+            layer_dump: buf(
+                "layer_dump",
+                cfg.n_layers as u64 * b * cfg.dim as u64 * f,
+                MemLocation::GpuToCpu,
+            )?,
             dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
             max_batch,
         })
@@ -160,11 +192,17 @@ impl Session {
     /// Loads the weights, creates every pipeline, descriptor set and buffer, records the
     /// decode command buffer, and warms every pipeline (lavapipe compiles a pipeline on
     /// its first dispatch) with a throw-away token.
-    pub fn new(ctx: Arc<vk::Context>, file: Arc<gguf::GgufFile>, opts: &SessionOptions) -> Result<Session, EngineError> {
+    pub fn new(
+        ctx: Arc<vk::Context>,
+        file: Arc<gguf::GgufFile>,
+        opts: &SessionOptions,
+    ) -> Result<Session, EngineError> {
         let _span = info_span!("session", ctx_len = opts.ctx_len).entered();
         let cfg = Config::from_gguf(file.gguf()).map_err(|e| EngineError::Model(e.to_string()))?;
         if opts.ctx_len == 0 {
-            return Err(EngineError::Input("the context length must be at least 1".into()));
+            return Err(EngineError::Input(
+                "the context length must be at least 1".into(),
+            ));
         }
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
         let weights = Weights::load(&ctx, file, &opts.weights)?;
@@ -173,7 +211,10 @@ impl Session {
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
 
         let mut step_init = vec![0u32; 4 + kernels::STEP_FREQS_MAX];
-        for (i, f) in kernels::rope_freqs(cfg.rope_base, cfg.head_dim).iter().enumerate() {
+        for (i, f) in kernels::rope_freqs(cfg.rope_base, cfg.head_dim)
+            .iter()
+            .enumerate()
+        {
             step_init[4 + i] = f.to_bits();
         }
         acts.step.write(0, &step_init)?;
@@ -209,7 +250,10 @@ impl Session {
         session.prefill(&[0])?;
         session.decode_argmax(0)?;
         session.reset();
-        session.counters = Counters { allocations: session.counters.allocations, ..Counters::default() };
+        session.counters = Counters {
+            allocations: session.counters.allocations,
+            ..Counters::default()
+        };
         Ok(session)
     }
 
@@ -258,12 +302,18 @@ impl Session {
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         let _span = info_span!("prefill", tokens = tokens.len()).entered();
         if tokens.is_empty() {
-            return Err(EngineError::Input("empty prompt: nothing to prefill".into()));
+            return Err(EngineError::Input(
+                "empty prompt: nothing to prefill".into(),
+            ));
         }
         self.check_room(tokens.len())?;
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let head = if i + 1 == n_chunks { Head::LogitsArgmax } else { Head::None };
+            let head = if i + 1 == n_chunks {
+                Head::LogitsArgmax
+            } else {
+                Head::None
+            };
             self.run_batch(chunk, head, false)?;
         }
         self.counters.prefilled_tokens += tokens.len() as u64;
@@ -302,7 +352,10 @@ impl Session {
         observe: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<&[f32], EngineError> {
         if tokens.is_empty() || tokens.len() > PREFILL_CHUNK {
-            return Err(EngineError::Input(format!("forward_observed takes 1..={PREFILL_CHUNK} tokens, got {}", tokens.len())));
+            return Err(EngineError::Input(format!(
+                "forward_observed takes 1..={PREFILL_CHUNK} tokens, got {}",
+                tokens.len()
+            )));
         }
         self.check_room(tokens.len())?;
         self.run_batch(tokens, Head::LogitsArgmax, true)?;
@@ -319,14 +372,21 @@ impl Session {
 
     fn check_room(&self, n: usize) -> Result<(), EngineError> {
         if self.pos + n > self.ctx_len {
-            return Err(EngineError::ContextFull { pos: self.pos, n, ctx_len: self.ctx_len });
+            return Err(EngineError::ContextFull {
+                pos: self.pos,
+                n,
+                ctx_len: self.ctx_len,
+            });
         }
         Ok(())
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(EngineError::Input(format!("token id {t} is outside the vocabulary of {}", self.cfg.vocab_size)));
+            return Err(EngineError::Input(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
         }
         Ok(())
     }
@@ -334,7 +394,10 @@ impl Session {
     /// Writes the position and token ids the next submission reads.
     fn write_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         self.check_tokens(tokens)?;
-        let header = StepHeader { pos0: self.pos as u32, pad: [0; 3] };
+        let header = StepHeader {
+            pos0: self.pos as u32,
+            pad: [0; 3],
+        };
         self.acts.step.write(0, std::slice::from_ref(&header))?;
         self.acts.step.write(kernels::STEP_TOKENS_OFFSET, tokens)?;
         Ok(())
@@ -376,7 +439,11 @@ impl Session {
         let mut names = Vec::new();
         for (i, cmd) in cmds.iter_mut().enumerate() {
             cmd.begin()?;
-            let profile = if n_cmds == 1 { self.query.as_ref().map(|q| (q, &mut names)) } else { None };
+            let profile = if n_cmds == 1 {
+                self.query.as_ref().map(|q| (q, &mut names))
+            } else {
+                None
+            };
             let mut rec = Recorder {
                 cmd,
                 kernels: &self.kernels,
@@ -420,7 +487,10 @@ impl Session {
                 self.profile_names
                     .iter()
                     .enumerate()
-                    .map(|(i, name)| KernelTime { name: name.clone(), ns: ts[i + 1].saturating_sub(ts[i]) })
+                    .map(|(i, name)| KernelTime {
+                        name: name.clone(),
+                        ns: ts[i + 1].saturating_sub(ts[i]),
+                    })
                     .collect(),
             );
         }

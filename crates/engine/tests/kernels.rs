@@ -12,17 +12,26 @@ use std::sync::Arc;
 
 use common::*;
 use engine::kernels::{
-    self, ArgmaxPush, AttentionPush, EmbedPush, InMode, Kernels, MatmulKey, MatmulPush, OutMode, Slot,
+    self, ArgmaxPush, AttentionPush, EmbedPush, InMode, Kernels, MatmulKey, MatmulPush, OutMode,
+    Slot,
 };
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
 use reference::RopeMode;
-use vk::{Buffer, BufferView, CommandBuffer, Context, Descriptor, DescriptorSet, Pipeline, TexelFormat};
+use vk::{
+    Buffer, BufferView, CommandBuffer, Context, Descriptor, DescriptorSet, Pipeline, TexelFormat,
+};
 
 const U: f32 = 1.0 / 16_777_216.0;
 const TOL_K: f32 = 4.0;
-const TYPES: [GgmlType; 5] = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32];
+const TYPES: [GgmlType; 5] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::F16,
+    GgmlType::F32,
+];
 
 fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
     let mut cmd = CommandBuffer::new(ctx).unwrap();
@@ -42,7 +51,9 @@ fn dequant(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
 
 /// `Σ_c |W[r][c]·x[c]|` per row: the magnitude the tolerance scales with.
 fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(cols).map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()).collect()
+    w.chunks_exact(cols)
+        .map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum())
+        .collect()
 }
 
 /// The weight texel view (R32UI) of a buffer.
@@ -57,7 +68,9 @@ fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
 
 /// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
 fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
-    x.chunks(g.len()).flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b)).collect()
+    x.chunks(g.len())
+        .flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b))
+        .collect()
 }
 
 /// The ten descriptors of matmul.comp.
@@ -90,16 +103,41 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f3
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let t = tol(i);
-        assert!((g - w).abs() <= t, "{what}[{i}]: gpu {g} vs reference {w} (tolerance {t})");
+        assert!(
+            (g - w).abs() <= t,
+            "{what}[{i}]: gpu {g} vs reference {w} (tolerance {t})"
+        );
     }
 }
 
-fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, n_views: u32, tb: u32) -> MatmulKey {
-    MatmulKey { wtype: ty, in_mode, out_mode, neox, n_views, wg: 8, pairs: 4, tb }
+fn key(
+    ty: GgmlType,
+    in_mode: InMode,
+    out_mode: OutMode,
+    neox: bool,
+    n_views: u32,
+    tb: u32,
+) -> MatmulKey {
+    MatmulKey {
+        wtype: ty,
+        in_mode,
+        out_mode,
+        neox,
+        n_views,
+        wg: 8,
+        pairs: 4,
+        tb,
+    }
 }
 
 /// Random weights of `ty`, `pad` bytes of garbage in front (to test word offsets).
-fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, pad: usize) -> (Vec<u8>, Vec<f32>) {
+fn weights(
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    pad: usize,
+) -> (Vec<u8>, Vec<f32>) {
     let w = gguf::quant::quantize(ty, &rng.vec(rows * cols, 1.0)).unwrap();
     let deq = dequant(ty, &w, rows * cols);
     let mut bytes: Vec<u8> = (0..pad).map(|i| (i * 37) as u8).collect();
@@ -136,7 +174,15 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             let out = upload(&ctx, "out", &init);
             let xg = zeros(&ctx, "xg", n_tok * rows);
             let p = ks.matmul(k).unwrap();
-            let set = matmul_set(p, [&wv, &dummy_w, &dummy_w], &xv, &gbuf, [&out, &xg, &dummy], &step, &xv);
+            let set = matmul_set(
+                p,
+                [&wv, &dummy_w, &dummy_w],
+                &xv,
+                &gbuf,
+                [&out, &xg, &dummy],
+                &step,
+                &xv,
+            );
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
@@ -146,7 +192,12 @@ fn matmul_store_and_add_match_reference_for_every_type() {
                 write_xg: u32::from(out_mode == OutMode::Add),
                 ..Default::default()
             };
-            let slots = [Slot { slot: 0, nrows: rows as u32, wofs: 16, orow: 0 }];
+            let slots = [Slot {
+                slot: 0,
+                nrows: rows as u32,
+                wofs: 16,
+                orow: 0,
+            }];
             let groups = kernels::matmul_layout(&k, &mut push, &slots);
             run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
             let got = read_f32(&out, n_tok * rows);
@@ -154,15 +205,25 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             if out_mode == OutMode::Add {
                 rk::add(&mut expect, &init);
             }
-            let mags: Vec<f32> = (0..n_tok).flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols])).collect();
+            let mags: Vec<f32> = (0..n_tok)
+                .flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols]))
+                .collect();
             let tol = |i: usize| {
-                TOL_K * cols as f32 * U * mags[i] + 1e-6 + if out_mode == OutMode::Add { 2.0 * U * init[i].abs() } else { 0.0 }
+                TOL_K * cols as f32 * U * mags[i]
+                    + 1e-6
+                    + if out_mode == OutMode::Add {
+                        2.0 * U * init[i].abs()
+                    } else {
+                        0.0
+                    }
             };
             assert_close(&format!("{ty:?} {out_mode:?} tb={tb}"), &got, &expect, tol);
             if out_mode == OutMode::Add {
                 let xg_want = times_g(&expect, &g[4..]);
                 let xg_got = read_f32(&xg, n_tok * rows);
-                assert_close(&format!("{ty:?} x∘g"), &xg_got, &xg_want, |i| (tol(i) + U * expect[i].abs()) * g[4 + i % rows].abs());
+                assert_close(&format!("{ty:?} x∘g"), &xg_got, &xg_want, |i| {
+                    (tol(i) + U * expect[i].abs()) * g[4 + i % rows].abs()
+                });
             }
         }
     }
@@ -192,7 +253,10 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
         let part_b = upload(&ctx, "wb", &b_bytes);
         let x: Vec<f32> = rng.vec(n_tok * cols, 3.0);
         let norm_w = rng.vec(cols, 1.0);
-        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xbuf, xgbuf) = (
+            upload(&ctx, "x", &x),
+            upload(&ctx, "xg", &times_g(&x, &norm_w)),
+        );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let out = zeros(&ctx, "out", n_tok * rows);
         let mut want = vec![0.0; n_tok * rows];
@@ -200,17 +264,49 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
         let mut mags = Vec::new();
         for t in 0..n_tok {
             rk::rmsnorm(&x[t * cols..(t + 1) * cols], &norm_w, eps, &mut xn);
-            rk::matvec(ty, &bytes, rows, cols, &xn, &mut want[t * rows..(t + 1) * rows]).unwrap();
+            rk::matvec(
+                ty,
+                &bytes,
+                rows,
+                cols,
+                &xn,
+                &mut want[t * rows..(t + 1) * rows],
+            )
+            .unwrap();
             mags.extend(magnitudes(&w, cols, &xn));
         }
         let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1, 4);
         let p = ks.matmul(k).unwrap();
         for (buf, slot) in [
-            (&part_a, Slot { slot: 0, nrows: split as u32, wofs: 0, orow: 0 }),
-            (&part_b, Slot { slot: 0, nrows: (rows - split) as u32, wofs: 8, orow: split as u32 }),
+            (
+                &part_a,
+                Slot {
+                    slot: 0,
+                    nrows: split as u32,
+                    wofs: 0,
+                    orow: 0,
+                },
+            ),
+            (
+                &part_b,
+                Slot {
+                    slot: 0,
+                    nrows: (rows - split) as u32,
+                    wofs: 8,
+                    orow: split as u32,
+                },
+            ),
         ] {
             let wv = wview(&ctx, buf);
-            let set = matmul_set(p, [&wv, &dummy_w, &dummy_w], &xgv, &dummy, [&out, &dummy, &dummy], &step, &xv);
+            let set = matmul_set(
+                p,
+                [&wv, &dummy_w, &dummy_w],
+                &xgv,
+                &dummy,
+                [&out, &dummy, &dummy],
+                &step,
+                &xv,
+            );
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
@@ -224,7 +320,9 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
         }
         let got = read_f32(&out, n_tok * rows);
         // the normalised input carries a few ulps of the scale: 8 more u per term
-        assert_close(&format!("{ty:?} rmsnorm"), &got, &want, |i| (TOL_K * cols as f32 + 8.0) * U * mags[i] + 1e-6);
+        assert_close(&format!("{ty:?} rmsnorm"), &got, &want, |i| {
+            (TOL_K * cols as f32 + 8.0) * U * mags[i] + 1e-6
+        });
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
@@ -237,28 +335,62 @@ fn qkv_rope_and_cache_write_match_reference() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(3);
-    let (dim, n_heads, n_kv, hd, n_tok, pos0, ctx_len, eps, base) = (128, 4, 2, 32, 3, 5u32, 16, 1e-5, 10000.0);
+    let (dim, n_heads, n_kv, hd, n_tok, pos0, ctx_len, eps, base) =
+        (128, 4, 2, 32, 3, 5u32, 16, 1e-5, 10000.0);
     let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
     let freqs = kernels::rope_freqs(base, hd);
-    for (ty, mode) in [(GgmlType::Q8_0, RopeMode::Normal), (GgmlType::Q4_1, RopeMode::Neox), (GgmlType::F16, RopeMode::Normal)] {
+    for (ty, mode) in [
+        (GgmlType::Q8_0, RopeMode::Normal),
+        (GgmlType::Q4_1, RopeMode::Neox),
+        (GgmlType::F16, RopeMode::Normal),
+    ] {
         let step = step_buffer(&ctx, pos0, &freqs, &[]);
         let (wq, fq) = weights(&mut rng, ty, q_dim, dim, 0);
         let (wk, fk) = weights(&mut rng, ty, kv_dim, dim, 0);
         let (wv, fv) = weights(&mut rng, ty, kv_dim, dim, 0);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
-        let (bq, bk, bv) = (upload(&ctx, "wq", &wq), upload(&ctx, "wk", &wk), upload(&ctx, "wv", &wv));
+        let (bq, bk, bv) = (
+            upload(&ctx, "wq", &wq),
+            upload(&ctx, "wk", &wk),
+            upload(&ctx, "wv", &wv),
+        );
         let (vq, vk_, vv) = (wview(&ctx, &bq), wview(&ctx, &bk), wview(&ctx, &bv));
-        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xbuf, xgbuf) = (
+            upload(&ctx, "x", &x),
+            upload(&ctx, "xg", &times_g(&x, &norm_w)),
+        );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let dummy = zeros(&ctx, "dummy", 4);
         let qout = zeros(&ctx, "q", n_tok * q_dim);
         let kc = zeros(&ctx, "kc", ctx_len * kv_dim);
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
-        let k = key(ty, InMode::RmsNorm, OutMode::Qkv, mode == RopeMode::Neox, 3, 4);
-        let k = if k.neox { MatmulKey { pairs: hd as u32 / 16, ..k } } else { k };
+        let k = key(
+            ty,
+            InMode::RmsNorm,
+            OutMode::Qkv,
+            mode == RopeMode::Neox,
+            3,
+            4,
+        );
+        let k = if k.neox {
+            MatmulKey {
+                pairs: hd as u32 / 16,
+                ..k
+            }
+        } else {
+            k
+        };
         let p = ks.matmul(k).unwrap();
-        let set = matmul_set(p, [&vq, &vk_, &vv], &xgv, &dummy, [&qout, &kc, &vc], &step, &xv);
+        let set = matmul_set(
+            p,
+            [&vq, &vk_, &vv],
+            &xgv,
+            &dummy,
+            [&qout, &kc, &vc],
+            &step,
+            &xv,
+        );
         let mut push = MatmulPush {
             n_tok: n_tok as u32,
             ncols: dim as u32,
@@ -270,13 +402,32 @@ fn qkv_rope_and_cache_write_match_reference() {
             ..Default::default()
         };
         let slots = [
-            Slot { slot: 0, nrows: q_dim as u32, wofs: 0, orow: 0 },
-            Slot { slot: 1, nrows: kv_dim as u32, wofs: 0, orow: 0 },
-            Slot { slot: 2, nrows: kv_dim as u32, wofs: 0, orow: 0 },
+            Slot {
+                slot: 0,
+                nrows: q_dim as u32,
+                wofs: 0,
+                orow: 0,
+            },
+            Slot {
+                slot: 1,
+                nrows: kv_dim as u32,
+                wofs: 0,
+                orow: 0,
+            },
+            Slot {
+                slot: 2,
+                nrows: kv_dim as u32,
+                wofs: 0,
+                orow: 0,
+            },
         ];
         let groups = kernels::matmul_layout(&k, &mut push, &slots);
         run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-        let (gq, gk, gv) = (read_f32(&qout, n_tok * q_dim), read_f32(&kc, ctx_len * kv_dim), read_f32(&vc, ctx_len * kv_dim));
+        let (gq, gk, gv) = (
+            read_f32(&qout, n_tok * q_dim),
+            read_f32(&kc, ctx_len * kv_dim),
+            read_f32(&vc, ctx_len * kv_dim),
+        );
         let mut xn = vec![0.0; dim];
         for t in 0..n_tok {
             let pos = pos0 as usize + t;
@@ -299,13 +450,30 @@ fn qkv_rope_and_cache_write_match_reference() {
             let mk = magnitudes(&fk, dim, &xn);
             let mv = magnitudes(&fv, dim, &xn);
             let what = format!("{ty:?} {mode:?} token {t}");
-            assert_close(&format!("{what} q"), &gq[t * q_dim..(t + 1) * q_dim], &q, tol(&mq));
-            assert_close(&format!("{what} k"), &gk[pos * kv_dim..(pos + 1) * kv_dim], &kk, tol(&mk));
-            assert_close(&format!("{what} v"), &gv[pos * kv_dim..(pos + 1) * kv_dim], &v, tol(&mv));
+            assert_close(
+                &format!("{what} q"),
+                &gq[t * q_dim..(t + 1) * q_dim],
+                &q,
+                tol(&mq),
+            );
+            assert_close(
+                &format!("{what} k"),
+                &gk[pos * kv_dim..(pos + 1) * kv_dim],
+                &kk,
+                tol(&mk),
+            );
+            assert_close(
+                &format!("{what} v"),
+                &gv[pos * kv_dim..(pos + 1) * kv_dim],
+                &v,
+                tol(&mv),
+            );
         }
         // rows of other positions untouched
         assert!(gk[..pos0 as usize * kv_dim].iter().all(|&v| v == 0.0));
-        assert!(gv[(pos0 as usize + n_tok) * kv_dim..].iter().all(|&v| v == 0.0));
+        assert!(gv[(pos0 as usize + n_tok) * kv_dim..]
+            .iter()
+            .all(|&v| v == 0.0));
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
@@ -327,13 +495,24 @@ fn gate_up_swiglu_matches_reference() {
         let norm_w = rng.vec(dim, 1.0);
         let (bg, bu) = (upload(&ctx, "wg", &wg), upload(&ctx, "wu", &wu));
         let (vg, vu) = (wview(&ctx, &bg), wview(&ctx, &bu));
-        let (xbuf, xgbuf) = (upload(&ctx, "x", &x), upload(&ctx, "xg", &times_g(&x, &norm_w)));
+        let (xbuf, xgbuf) = (
+            upload(&ctx, "x", &x),
+            upload(&ctx, "xg", &times_g(&x, &norm_w)),
+        );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let dummy_w = wview(&ctx, &dummy);
         let out = zeros(&ctx, "hb", n_tok * hidden);
         let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
         let p = ks.matmul(k).unwrap();
-        let set = matmul_set(p, [&vg, &vu, &dummy_w], &xgv, &dummy, [&out, &dummy, &dummy], &step, &xv);
+        let set = matmul_set(
+            p,
+            [&vg, &vu, &dummy_w],
+            &xgv,
+            &dummy,
+            [&out, &dummy, &dummy],
+            &step,
+            &xv,
+        );
         let mut push = MatmulPush {
             n_tok: n_tok as u32,
             ncols: dim as u32,
@@ -342,7 +521,20 @@ fn gate_up_swiglu_matches_reference() {
             eps,
             ..Default::default()
         };
-        let slots = [Slot { slot: 0, nrows: hidden as u32, wofs: 0, orow: 0 }, Slot { slot: 1, nrows: hidden as u32, wofs: 0, orow: 0 }];
+        let slots = [
+            Slot {
+                slot: 0,
+                nrows: hidden as u32,
+                wofs: 0,
+                orow: 0,
+            },
+            Slot {
+                slot: 1,
+                nrows: hidden as u32,
+                wofs: 0,
+                orow: 0,
+            },
+        ];
         let groups = kernels::matmul_layout(&k, &mut push, &slots);
         run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
         let got = read_f32(&out, n_tok * hidden);
@@ -355,10 +547,18 @@ fn gate_up_swiglu_matches_reference() {
             rk::swiglu(&g, &u, &mut h);
             let (mg, mu) = (magnitudes(&fg, dim, &xn), magnitudes(&fu, dim, &xn));
             // d(silu(g)·u) <= (|u|·1.1·δg + |silu(g)|·δu), plus the exp's few ulps
-            assert_close(&format!("{ty:?} swiglu token {t}"), &got[t * hidden..(t + 1) * hidden], &h, |i| {
-                let e = (TOL_K * dim as f32 + 8.0) * U;
-                1.1 * u[i].abs() * e * mg[i] + rk::silu(g[i]).abs() * e * mu[i] + 1e-5 * h[i].abs() + 1e-6
-            });
+            assert_close(
+                &format!("{ty:?} swiglu token {t}"),
+                &got[t * hidden..(t + 1) * hidden],
+                &h,
+                |i| {
+                    let e = (TOL_K * dim as f32 + 8.0) * U;
+                    1.1 * u[i].abs() * e * mg[i]
+                        + rk::silu(g[i]).abs() * e * mu[i]
+                        + 1e-5 * h[i].abs()
+                        + 1e-6
+                },
+            );
         }
     }
     drop(ks);
@@ -408,7 +608,17 @@ fn embedding_gather_matches_reference_for_every_type() {
             part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
             wofs: [0, 4, 0, 0],
         };
-        run(&ctx, p, &set, bytemuck::bytes_of(&push), [(cols / 64).div_ceil(kernels::EMBED_WG as usize) as u32, tokens.len() as u32, 1]);
+        run(
+            &ctx,
+            p,
+            &set,
+            bytemuck::bytes_of(&push),
+            [
+                (cols / 64).div_ceil(kernels::EMBED_WG as usize) as u32,
+                tokens.len() as u32,
+                1,
+            ],
+        );
         let got = read_f32(&x, tokens.len() * cols);
         let got_g = read_f32(&xg, tokens.len() * cols);
         for (t, &tok) in tokens.iter().enumerate() {
@@ -416,9 +626,19 @@ fn embedding_gather_matches_reference_for_every_type() {
             rk::embedding_row(ty, &table, cols, tok as usize, &mut want).unwrap();
             // one multiply (or fma) by the block scale: 2 ulps
             let tol = |i: usize| 2.0 * U * want[i].abs() * 2.0 + 1e-7;
-            assert_close(&format!("{ty:?} token {tok}"), &got[t * cols..(t + 1) * cols], &want, tol);
+            assert_close(
+                &format!("{ty:?} token {tok}"),
+                &got[t * cols..(t + 1) * cols],
+                &want,
+                tol,
+            );
             let want_g = times_g(&want, &g[8..]);
-            assert_close(&format!("{ty:?} token {tok} x∘g"), &got_g[t * cols..(t + 1) * cols], &want_g, |i| (tol(i) + U * want[i].abs()) * g[8 + i].abs() + 1e-7);
+            assert_close(
+                &format!("{ty:?} token {tok} x∘g"),
+                &got_g[t * cols..(t + 1) * cols],
+                &want_g,
+                |i| (tol(i) + U * want[i].abs()) * g[8 + i].abs() + 1e-7,
+            );
         }
     }
     drop(ks);
@@ -436,13 +656,24 @@ fn attention_matches_reference() {
     let q = rng.vec(n_tok * q_dim, 2.0);
     let kc = rng.vec(ctx_len * kv_dim, 2.0);
     let vc = rng.vec(ctx_len * kv_dim, 1.0);
-    let (qb, kb, vb) = (upload(&ctx, "q", &q), upload(&ctx, "k", &kc), upload(&ctx, "v", &vc));
+    let (qb, kb, vb) = (
+        upload(&ctx, "q", &q),
+        upload(&ctx, "k", &kc),
+        upload(&ctx, "v", &vc),
+    );
     let scores = zeros(&ctx, "scores", n_tok * n_heads * ctx_len);
     let out = zeros(&ctx, "out", n_tok * q_dim);
     let step = step_buffer(&ctx, pos0, &[], &[]);
     let set = ks
         .attention
-        .descriptor_set(&[qb.binding(), kb.binding(), vb.binding(), scores.binding(), out.binding(), step.binding()])
+        .descriptor_set(&[
+            qb.binding(),
+            kb.binding(),
+            vb.binding(),
+            scores.binding(),
+            out.binding(),
+            step.binding(),
+        ])
         .unwrap();
     let push = AttentionPush {
         n_heads: n_heads as u32,
@@ -452,15 +683,35 @@ fn attention_matches_reference() {
         scale: 1.0 / (hd as f32).sqrt(),
         pad: 0,
     };
-    run(&ctx, &ks.attention, &set, bytemuck::bytes_of(&push), [n_heads as u32, n_tok as u32, 1]);
+    run(
+        &ctx,
+        &ks.attention,
+        &set,
+        bytemuck::bytes_of(&push),
+        [n_heads as u32, n_tok as u32, 1],
+    );
     let got = read_f32(&out, n_tok * q_dim);
     for t in 0..n_tok {
         let n_pos = pos0 as usize + t + 1;
         let mut want = vec![0.0; q_dim];
-        rk::attention(&q[t * q_dim..(t + 1) * q_dim], &kc, &vc, n_heads, n_kv, hd, n_pos, &mut want);
+        rk::attention(
+            &q[t * q_dim..(t + 1) * q_dim],
+            &kc,
+            &vc,
+            n_heads,
+            n_kv,
+            hd,
+            n_pos,
+            &mut want,
+        );
         // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5 relative after exp)
         // into a convex combination of values bounded by 1: 1e-5 absolute
-        assert_close(&format!("attention token {t}"), &got[t * q_dim..(t + 1) * q_dim], &want, |_| 1e-5);
+        assert_close(
+            &format!("attention token {t}"),
+            &got[t * q_dim..(t + 1) * q_dim],
+            &want,
+            |_| 1e-5,
+        );
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
@@ -480,8 +731,17 @@ fn argmax_matches_reference() {
         }
         let lb = upload(&ctx, "logits", &logits);
         let res = upload(&ctx, "res", &[u32::MAX; 4]);
-        let set = ks.argmax.descriptor_set(&[lb.binding(), res.binding()]).unwrap();
-        run(&ctx, &ks.argmax, &set, bytemuck::bytes_of(&ArgmaxPush { n: n as u32 }), [1, 1, 1]);
+        let set = ks
+            .argmax
+            .descriptor_set(&[lb.binding(), res.binding()])
+            .unwrap();
+        run(
+            &ctx,
+            &ks.argmax,
+            &set,
+            bytemuck::bytes_of(&ArgmaxPush { n: n as u32 }),
+            [1, 1, 1],
+        );
         let mut got = [0u32; 1];
         res.read(0, &mut got).unwrap();
         assert_eq!(got[0] as usize, rk::argmax(&logits), "n = {n}");
@@ -503,7 +763,8 @@ fn every_matmul_variant_builds() {
             (InMode::RmsNorm, OutMode::Store, 1),
         ] {
             for tb in [1, 4] {
-                ks.matmul(key(ty, in_mode, out_mode, false, n_views, tb)).unwrap();
+                ks.matmul(key(ty, in_mode, out_mode, false, n_views, tb))
+                    .unwrap();
             }
         }
         ks.embed(ty).unwrap();

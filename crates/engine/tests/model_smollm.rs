@@ -29,13 +29,19 @@ fn open(name: &str) -> Arc<gguf::GgufFile> {
 }
 
 fn session(ctx: &Arc<vk::Context>, file: &Arc<gguf::GgufFile>, mode: WeightsMode) -> Session {
-    let mut opts = SessionOptions { ctx_len: 128, ..SessionOptions::default() };
+    let mut opts = SessionOptions {
+        ctx_len: 128,
+        ..SessionOptions::default()
+    };
     opts.weights.mode = mode;
     Session::new(Arc::clone(ctx), Arc::clone(file), &opts).unwrap()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn once_upon_a_time(file: &gguf::GgufFile) -> Vec<u32> {
@@ -46,17 +52,28 @@ fn once_upon_a_time(file: &gguf::GgufFile) -> Vec<u32> {
 /// Logits at every prompt position (decode path, one token per submission; then the
 /// batched prefill's last logits), then up to `steps` greedy tokens, all against the
 /// reference. Returns the GPU's greedy ids and the max logit difference seen.
-fn check_prompt(s: &mut Session, model: &Model, prompt: &[u32], steps: usize, what: &str) -> (Vec<u32>, f32) {
+fn check_prompt(
+    s: &mut Session,
+    model: &Model,
+    prompt: &[u32],
+    steps: usize,
+    what: &str,
+) -> (Vec<u32>, f32) {
     s.reset();
     let mut state = State::new(model.config(), 128);
     let mut worst = 0.0f32;
     let mut ref_logits = Vec::new();
     let mut gpu_logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
-        ref_logits = forward(model, &mut state, t, pos, &mut |_, _| {}).unwrap().to_vec();
+        ref_logits = forward(model, &mut state, t, pos, &mut |_, _| {})
+            .unwrap()
+            .to_vec();
         gpu_logits = s.decode_logits(t).unwrap().to_vec();
         let d = max_diff(&gpu_logits, &ref_logits);
-        assert!(d <= TOL, "{what}: logits at position {pos} differ by {d} > {TOL}");
+        assert!(
+            d <= TOL,
+            "{what}: logits at position {pos} differ by {d} > {TOL}"
+        );
         worst = worst.max(d);
     }
     // the batched prefill path gives the same last logits
@@ -84,17 +101,26 @@ fn check_prompt(s: &mut Session, model: &Model, prompt: &[u32], steps: usize, wh
             break;
         }
         let pos = prompt.len() + step;
-        ref_logits = forward(model, &mut state, ref_next, pos, &mut |_, _| {}).unwrap().to_vec();
+        ref_logits = forward(model, &mut state, ref_next, pos, &mut |_, _| {})
+            .unwrap()
+            .to_vec();
         let logits = s.decode_logits(ref_next).unwrap();
         worst = worst.max(max_diff(logits, &ref_logits));
         gpu_next = s.last_argmax().unwrap();
     }
-    eprintln!("{what}: {} greedy ids equal, max logit difference {worst}", ids.len());
+    eprintln!(
+        "{what}: {} greedy ids equal, max logit difference {worst}",
+        ids.len()
+    );
     (ids, worst)
 }
 
 fn top5(logits: &[f32]) -> Vec<(u32, f32)> {
-    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let mut v: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1));
     v.truncate(5);
     v
@@ -103,8 +129,14 @@ fn top5(logits: &[f32]) -> Vec<(u32, f32)> {
 fn assert_top5(logits: &[f32], want: &[(u32, f32)], what: &str) {
     let got = top5(logits);
     for ((gi, gl), (wi, wl)) in got.iter().zip(want) {
-        assert_eq!(gi, wi, "{what}: top-5 ids {got:?} vs llama.cpp-Vulkan {want:?}");
-        assert!((gl - wl).abs() <= 0.05, "{what}: logit of {gi}: {gl} vs llama.cpp-Vulkan {wl}");
+        assert_eq!(
+            gi, wi,
+            "{what}: top-5 ids {got:?} vs llama.cpp-Vulkan {want:?}"
+        );
+        assert!(
+            (gl - wl).abs() <= 0.05,
+            "{what}: logit of {gi}: {gl} vs llama.cpp-Vulkan {wl}"
+        );
     }
 }
 
@@ -114,8 +146,16 @@ fn three_prompts(name: &str) {
     let model = Model::load(&file).unwrap();
     let mut s = session(&ctx, &file, WeightsMode::Auto);
     let once = once_upon_a_time(&file);
-    assert_eq!(once, [6403, 1980, 253, 655], "tokenizer ids of \"Once upon a time\"");
-    for (prompt, label) in [(&FRANCE[..], "France"), (&once[..], "Once upon a time"), (&FIB[..], "fibonacci")] {
+    assert_eq!(
+        once,
+        [6403, 1980, 253, 655],
+        "tokenizer ids of \"Once upon a time\""
+    );
+    for (prompt, label) in [
+        (&FRANCE[..], "France"),
+        (&once[..], "Once upon a time"),
+        (&FIB[..], "fibonacci"),
+    ] {
         check_prompt(&mut s, &model, prompt, 32, &format!("{name} {label}"));
     }
     drop(s);
@@ -132,31 +172,54 @@ fn q4_1_three_prompts_match_reference() {
     three_prompts("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
+/// (prompt, greedy ids, first-position top-5 (id, logit)) recorded with llama.cpp-Vulkan.
+type RecordedCase = (Vec<u32>, Vec<u32>, [(u32, f32); 5]);
+
 /// Issue 5's recorded llama.cpp-Vulkan runs on lavapipe, Q4_1.
 #[test]
 fn q4_1_matches_recorded_llama_cpp_vulkan() {
     let Some(ctx) = ctx() else { return };
     let file = open("SmolLM2-135M-Instruct.Q4_1.gguf");
     let mut s = session(&ctx, &file, WeightsMode::Auto);
-    let cases: [(Vec<u32>, Vec<u32>, [(u32, f32); 5]); 2] = [
+    let cases: [RecordedCase; 2] = [
         (
             FRANCE.to_vec(),
-            vec![7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34, 34, 216, 33, 34, 42, 33, 34, 42, 37, 35, 30, 2],
-            [(7042, 17.373), (260, 14.892), (4528, 13.250), (2250, 13.011), (1315, 12.953)],
+            vec![
+                7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34,
+                34, 216, 33, 34, 42, 33, 34, 42, 37, 35, 30, 2,
+            ],
+            [
+                (7042, 17.373),
+                (260, 14.892),
+                (4528, 13.250),
+                (2250, 13.011),
+                (1315, 12.953),
+            ],
         ),
         (
             once_upon_a_time(&file),
             vec![
-                28, 260, 2240, 282, 23324, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658, 284, 14055, 9018, 30, 1249, 347, 260,
-                929, 3514, 411, 28, 260, 2240, 2585, 288, 5946, 624, 2798,
+                28, 260, 2240, 282, 23324, 27108, 436, 253, 15114, 39228, 28, 351, 25854, 41658,
+                284, 14055, 9018, 30, 1249, 347, 260, 929, 3514, 411, 28, 260, 2240, 2585, 288,
+                5946, 624, 2798,
             ],
-            [(28, 18.139), (281, 14.078), (665, 13.366), (260, 12.935), (253, 12.928)],
+            [
+                (28, 18.139),
+                (281, 14.078),
+                (665, 13.366),
+                (260, 12.935),
+                (253, 12.928),
+            ],
         ),
     ];
     for (prompt, want, top) in cases {
         s.reset();
         s.prefill(&prompt).unwrap();
-        assert_top5(s.last_logits().unwrap(), &top, &format!("prompt {prompt:?}"));
+        assert_top5(
+            s.last_logits().unwrap(),
+            &top,
+            &format!("prompt {prompt:?}"),
+        );
         let mut ids = vec![s.last_argmax().unwrap()];
         while ids.len() < want.len() && *ids.last().unwrap() != EOS {
             ids.push(s.decode_argmax(*ids.last().unwrap()).unwrap());
@@ -184,11 +247,19 @@ fn import_and_copy_give_bit_identical_logits() {
         }
         runs.push((s.weights().report().path.clone(), logits));
     }
-    assert!(runs[0].0.starts_with("import"), "import arm took {}", runs[0].0);
+    assert!(
+        runs[0].0.starts_with("import"),
+        "import arm took {}",
+        runs[0].0
+    );
     assert_eq!(runs[1].0, "copy");
     for (i, (a, b)) in runs[0].1.iter().zip(&runs[1].1).enumerate() {
         let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "step {i}: import and copy logits differ (max {})", max_diff(a, b));
+        assert!(
+            same,
+            "step {i}: import and copy logits differ (max {})",
+            max_diff(a, b)
+        );
     }
     assert_no_validation_errors(&ctx);
 }

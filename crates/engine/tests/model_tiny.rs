@@ -23,21 +23,36 @@ const VOCAB: usize = 320;
 
 fn tiny(ty: GgmlType, seed: u64) -> (std::path::PathBuf, Vec<u8>) {
     let bytes = reference::synthetic::tiny_llama(seed, 2, 64, 4, 2, 128, VOCAB, ty);
-    let path = std::env::temp_dir().join(format!("vkdecode-tiny-{}-{}-{seed}.gguf", std::process::id(), ty.name()));
+    let path = std::env::temp_dir().join(format!(
+        "vkdecode-tiny-{}-{}-{seed}.gguf",
+        std::process::id(),
+        ty.name()
+    ));
     std::fs::write(&path, &bytes).unwrap();
     (path, bytes)
 }
 
 fn session(ctx: &Arc<vk::Context>, path: &std::path::Path) -> Session {
     let file = Arc::new(gguf::GgufFile::open(path).unwrap());
-    Session::new(Arc::clone(ctx), file, &SessionOptions { ctx_len: 64, ..SessionOptions::default() }).unwrap()
+    Session::new(
+        Arc::clone(ctx),
+        file,
+        &SessionOptions {
+            ctx_len: 64,
+            ..SessionOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     let m = want.iter().fold(0.0f32, |a, &b| a.max(b.abs()));
     let tol = TOL * (1.0 + m);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol, "{what}[{i}]: gpu {g} vs reference {w} (tolerance {tol})");
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}[{i}]: gpu {g} vs reference {w} (tolerance {tol})"
+        );
     }
 }
 
@@ -57,7 +72,10 @@ fn tiny_model_layers_and_logits_match_reference() {
         let mut ref_logits = Vec::new();
         for (pos, &t) in prompt.iter().enumerate() {
             let mut layers = Vec::new();
-            let logits = forward(&model, &mut state, t, pos, &mut |_, x| layers.push(x.to_vec())).unwrap();
+            let logits = forward(&model, &mut state, t, pos, &mut |_, x| {
+                layers.push(x.to_vec())
+            })
+            .unwrap();
             ref_logits.push(logits.to_vec());
             ref_layers.push(layers);
         }
@@ -65,30 +83,56 @@ fn tiny_model_layers_and_logits_match_reference() {
         // GPU decode path: one token per submission
         for (pos, &t) in prompt.iter().enumerate() {
             let mut layers = Vec::new();
-            let logits = s.forward_observed(&[t], &mut |_, x| layers.push(x.to_vec())).unwrap().to_vec();
+            let logits = s
+                .forward_observed(&[t], &mut |_, x| layers.push(x.to_vec()))
+                .unwrap()
+                .to_vec();
             for (l, x) in layers.iter().enumerate() {
-                assert_close(&format!("{ty:?} pos {pos} layer {l}"), x, &ref_layers[pos][l]);
+                assert_close(
+                    &format!("{ty:?} pos {pos} layer {l}"),
+                    x,
+                    &ref_layers[pos][l],
+                );
             }
-            assert_close(&format!("{ty:?} pos {pos} logits"), &logits, &ref_logits[pos]);
+            assert_close(
+                &format!("{ty:?} pos {pos} logits"),
+                &logits,
+                &ref_logits[pos],
+            );
         }
 
         // GPU prefill path: the whole prompt in one batch
         s.reset();
         let mut layers = Vec::new();
-        let logits = s.forward_observed(&prompt, &mut |_, x| layers.push(x.to_vec())).unwrap().to_vec();
+        let logits = s
+            .forward_observed(&prompt, &mut |_, x| layers.push(x.to_vec()))
+            .unwrap()
+            .to_vec();
         let dim = model.config().dim;
         for (l, x) in layers.iter().enumerate() {
             for pos in 0..prompt.len() {
-                assert_close(&format!("{ty:?} batched pos {pos} layer {l}"), &x[pos * dim..(pos + 1) * dim], &ref_layers[pos][l]);
+                assert_close(
+                    &format!("{ty:?} batched pos {pos} layer {l}"),
+                    &x[pos * dim..(pos + 1) * dim],
+                    &ref_layers[pos][l],
+                );
             }
         }
-        assert_close(&format!("{ty:?} batched logits"), &logits, &ref_logits[prompt.len() - 1]);
+        assert_close(
+            &format!("{ty:?} batched logits"),
+            &logits,
+            &ref_logits[prompt.len() - 1],
+        );
 
         // and the plain entry points agree with the observed ones
         s.reset();
         s.prefill(&prompt).unwrap();
         let l2 = s.last_logits().unwrap().to_vec();
-        assert_close(&format!("{ty:?} prefill logits"), &l2, &ref_logits[prompt.len() - 1]);
+        assert_close(
+            &format!("{ty:?} prefill logits"),
+            &l2,
+            &ref_logits[prompt.len() - 1],
+        );
         drop(s);
         let _ = std::fs::remove_file(&path);
     }
@@ -108,7 +152,9 @@ fn tiny_model_greedy_32_steps_match_reference() {
         let mut state = State::new(model.config(), 64);
         let mut ref_logits = Vec::new();
         for (pos, &t) in prompt.iter().enumerate() {
-            ref_logits = forward(&model, &mut state, t, pos, &mut |_, _| {}).unwrap().to_vec();
+            ref_logits = forward(&model, &mut state, t, pos, &mut |_, _| {})
+                .unwrap()
+                .to_vec();
         }
         s.prefill(&prompt).unwrap();
         let mut gpu_next = s.last_argmax().unwrap();
@@ -120,11 +166,15 @@ fn tiny_model_greedy_32_steps_match_reference() {
                 let gap = sorted[0] - sorted[1];
                 let tol = TOL * (1.0 + sorted[0].abs());
                 assert!(gap < tol, "{ty:?} step {step}: gpu {gpu_next} vs reference {ref_next}, top-2 gap {gap} >= {tol}");
-                eprintln!("{ty:?}: divergence at step {step} within tolerance (gap {gap}); stopping");
+                eprintln!(
+                    "{ty:?}: divergence at step {step} within tolerance (gap {gap}); stopping"
+                );
                 break;
             }
             let pos = prompt.len() + step;
-            ref_logits = forward(&model, &mut state, ref_next, pos, &mut |_, _| {}).unwrap().to_vec();
+            ref_logits = forward(&model, &mut state, ref_next, pos, &mut |_, _| {})
+                .unwrap()
+                .to_vec();
             gpu_next = s.decode_argmax(ref_next).unwrap();
         }
         drop(s);
@@ -150,11 +200,27 @@ fn decode_token_costs_one_wait_four_bytes_no_allocation() {
         tok = s.decode_argmax(tok).unwrap();
     }
     let after = s.counters();
-    assert_eq!(after.host_waits - before.host_waits, n, "host waits per token");
-    assert_eq!(ctx.host_waits() - ctx_waits_before, n, "fence waits seen by the context");
-    assert_eq!(after.bytes_read_back - before.bytes_read_back, 4 * n, "bytes read back per greedy token");
+    assert_eq!(
+        after.host_waits - before.host_waits,
+        n,
+        "host waits per token"
+    );
+    assert_eq!(
+        ctx.host_waits() - ctx_waits_before,
+        n,
+        "fence waits seen by the context"
+    );
+    assert_eq!(
+        after.bytes_read_back - before.bytes_read_back,
+        4 * n,
+        "bytes read back per greedy token"
+    );
     assert_eq!(after.allocations, before.allocations, "allocations");
-    assert_eq!(ctx.device_bytes(), dev_before, "device bytes grew while decoding");
+    assert_eq!(
+        ctx.device_bytes(),
+        dev_before,
+        "device bytes grew while decoding"
+    );
     let l = s.decode_logits(tok).unwrap().len() as u64;
     assert_eq!(s.counters().bytes_read_back - after.bytes_read_back, 4 * l);
     drop(s);

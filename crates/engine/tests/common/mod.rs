@@ -10,8 +10,14 @@ use vk::{Buffer, BufferDesc, Context, ContextOptions, MemLocation};
 /// A validating context, or `None` (skip) when no device exists and
 /// VKDECODE_ALLOW_NO_GPU=1; without that variable a missing device fails the test.
 pub fn ctx() -> Option<Arc<Context>> {
-    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("warn").try_init();
-    match Context::new(&ContextOptions { device_index: None, validate: true }) {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("warn")
+        .try_init();
+    match Context::new(&ContextOptions {
+        device_index: None,
+        validate: true,
+    }) {
         Ok(c) => Some(c),
         Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
             eprintln!("skipping: no Vulkan device ({e})");
@@ -57,12 +63,22 @@ pub fn step_buffer(ctx: &Arc<Context>, pos0: u32, freqs: &[f32], tokens: &[u32])
 
 /// `models/<name>` of the workspace; fails the test with a hint when missing.
 pub fn model_path(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name);
-    assert!(p.exists(), "{} is missing: run models/fetch (it downloads and converts the default model)", p.display());
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run models/fetch (it downloads and converts the default model)",
+        p.display()
+    );
     p
 }
 
 /// Asserts the validation layer stayed quiet.
 pub fn assert_no_validation_errors(ctx: &Context) {
-    assert_eq!(ctx.validation_errors(), 0, "validation layer messages were logged (see the test output)");
+    assert_eq!(
+        ctx.validation_errors(),
+        0,
+        "validation layer messages were logged (see the test output)"
+    );
 }
