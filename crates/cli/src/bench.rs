@@ -10,6 +10,7 @@ mod child;
 mod plot;
 mod report;
 mod stats;
+mod table;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -329,7 +330,7 @@ pub fn run(args: Args) -> Result<()> {
         interrupted: interrupted.load(Ordering::SeqCst),
     };
     let summary = report::Summary::new(&bench);
-    println!("{}", report::table(&bench, &summary));
+    println!("{}", table::table(&bench, &summary));
     if let Some(path) = &args.json {
         let json = report::to_json(&bench, &summary);
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
