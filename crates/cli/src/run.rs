@@ -374,6 +374,7 @@ pub fn run(args: Args) -> Result<()> {
         "model": model_path.display().to_string(),
         "model_bytes": file.bytes().len(),
         "device": forward.device.clone(),
+        "driver": forward.driver.clone(),
         "weights_mode": forward.weights_mode.clone(),
         "weights_path": forward.weights_path.clone(),
         "device_bytes": forward.device_bytes,
@@ -448,6 +449,8 @@ struct Forward {
     /// Weights onto the device (the reference: reading and widening them to f32).
     weights_load_ms: f64,
     device: String,
+    /// The driver's name and version, as it reports them.
+    driver: String,
     weights_mode: String,
     weights_path: String,
     device_bytes: u64,
@@ -473,6 +476,7 @@ impl Forward {
                 last_check_diff: None,
                 load_ms: 0.0,
                 device: "cpu (reference)".into(),
+                driver: "reference".into(),
                 weights_mode: "none".into(),
                 weights_path: "f32 in RAM".into(),
                 device_bytes: 0,
@@ -498,6 +502,7 @@ impl Forward {
                 let report = session.weights().report().clone();
                 Forward {
                     device: ctx.caps().name.clone(),
+                    driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
                     weights_mode: format!("{:?}", args.weights).to_lowercase(),
                     weights_path: report.path,
                     device_bytes: report.device_bytes,
