@@ -43,6 +43,15 @@ enum Command {
 }
 
 fn main() {
+    // Library crates emit tracing spans and events (load, prefill, decode, residency
+    // decisions); warnings show by default, `VKDECODE_LOG=info` (or debug, trace) shows more.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VKDECODE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Inspect(args)) => inspect::run(args),
