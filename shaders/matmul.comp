@@ -6,7 +6,7 @@
 //
 // Each invocation computes PAIRS pairs of rows for TB (1..4) tokens. Lanes of a workgroup
 // take neighbouring pairs; every weight word fetched is used for TB tokens and every input
-// quad fetched for both rows of the pair. A pair is:
+// quad fetched for both rows of the pair; block scales are applied per block. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
@@ -74,32 +74,40 @@ vec4 xq(uint t, uint q) {
     return texelFetch(x4, int(x_row(t) * (pc.x_ld / 4u) + q));
 }
 
+// Adds token t's input quad to the block sums (one component per token).
+#define QUAD_TOKEN(t, C)                                                                  \
+    {                                                                                     \
+        vec4 x_ = xq(t, q0_ + qi);                                                        \
+        sa_.C = dot4(wqa, x_, sa_.C);                                                     \
+        sb_.C = dot4(wqb, x_, sb_.C);                                                     \
+        if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
+    }
+
 // acc_a, acc_b (one component per token) += rows at words base_a of BA and base_b of BB · X,
-// each input quad fetched once for both rows
+// each input quad fetched once for both rows, the block scale applied per block
 #define PAIR_DOT(BA, base_a, BB, base_b)                                                  \
     for (uint c = 0u; c < nchunks; c++) {                                                 \
         uint ca0_ = (base_a) + c * CHUNK_WORDS;                                           \
         uint cb0_ = (base_b) + c * CHUNK_WORDS;                                           \
         uint q0_ = c * 16u;                                                               \
+        vec4 sa_ = vec4(0.0);                                                             \
+        vec4 sb_ = vec4(0.0);                                                             \
+        vec4 sx_ = vec4(0.0);                                                             \
         FOR_EACH_QUAD2(BA, ca0_, BB, cb0_,                                                \
-            vec4 x0_ = xq(0u, q0_ + qi);                                                  \
-            acc_a.x = dot4(wqa, x0_, acc_a.x);                                            \
-            acc_b.x = dot4(wqb, x0_, acc_b.x);                                            \
-            if (TB > 1u) {                                                                \
-                vec4 x1_ = xq(1u, q0_ + qi);                                              \
-                acc_a.y = dot4(wqa, x1_, acc_a.y);                                        \
-                acc_b.y = dot4(wqb, x1_, acc_b.y);                                        \
+            QUAD_TOKEN(0u, x)                                                             \
+            if (TB > 1u) QUAD_TOKEN(1u, y)                                                \
+            if (TB > 2u) QUAD_TOKEN(2u, z)                                                \
+            if (TB > 3u) QUAD_TOKEN(3u, w)                                                \
+        ,                                                                                 \
+            acc_a = fma(vec4(da), sa_, acc_a);                                            \
+            acc_b = fma(vec4(db), sb_, acc_b);                                            \
+            if (QUANT_HAS_MIN) {                                                          \
+                acc_a = fma(vec4(ma), sx_, acc_a);                                        \
+                acc_b = fma(vec4(mb), sx_, acc_b);                                        \
+                sx_ = vec4(0.0);                                                          \
             }                                                                             \
-            if (TB > 2u) {                                                                \
-                vec4 x2_ = xq(2u, q0_ + qi);                                              \
-                acc_a.z = dot4(wqa, x2_, acc_a.z);                                        \
-                acc_b.z = dot4(wqb, x2_, acc_b.z);                                        \
-            }                                                                             \
-            if (TB > 3u) {                                                                \
-                vec4 x3_ = xq(3u, q0_ + qi);                                              \
-                acc_a.w = dot4(wqa, x3_, acc_a.w);                                        \
-                acc_b.w = dot4(wqb, x3_, acc_b.w);                                        \
-            }                                                                             \
+            sa_ = vec4(0.0);                                                              \
+            sb_ = vec4(0.0);                                                              \
         )                                                                                 \
     }
 

@@ -143,83 +143,100 @@ vec4 nibbles(uint q, uint shift) {
 #error "define one of WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_F16, WTYPE_F32"
 #endif
 
-// FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY): the same for two rows in lockstep, BODY
-// seeing `wqa` and `wqb` (the quads of both rows at index `qi`), so that the caller fetches
-// each input quad once for both rows.
+// FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END): two rows in lockstep, so the
+// caller fetches each input quad once for both. BODY sees `wqa`, `wqb` (the quads of both
+// rows at index `qi`) as raw block values q (int8, nibble, or the element itself: exact in
+// f32); after each block BLOCK_END sees the block's affine map, element = d*q + m, as
+// `da`, `ma` (row a) and `db`, `mb` (row b). Applying the scale once per block instead of
+// per element saves a multiply per weight; QUANT_HAS_MIN says whether m can be non-zero
+// (then the caller also sums the inputs of the block).
 #if defined(WTYPE_Q8_0)
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+#define QUANT_HAS_MIN false
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
     {                                                                                     \
         uint pa_ = WORD(BA, (base_a));                                                    \
         uint pb_ = WORD(BB, (base_b));                                                    \
-        float da_ = unpackHalf2x16(pa_).x * (1.0 / 16777216.0);                           \
-        float db_ = unpackHalf2x16(pb_).x * (1.0 / 16777216.0);                           \
+        float da = unpackHalf2x16(pa_).x * (1.0 / 16777216.0);                            \
+        float db = unpackHalf2x16(pb_).x * (1.0 / 16777216.0);                            \
+        float ma = 0.0;                                                                   \
+        float mb = 0.0;                                                                   \
         for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
             uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
             uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
-            vec4 wqa = da_ * i8x4_shifted((pa_ >> 16) | (ca_ << 16));                     \
-            vec4 wqb = db_ * i8x4_shifted((pb_ >> 16) | (cb_ << 16));                     \
+            vec4 wqa = i8x4_shifted((pa_ >> 16) | (ca_ << 16));                           \
+            vec4 wqb = i8x4_shifted((pb_ >> 16) | (cb_ << 16));                           \
             uint qi = k_;                                                                 \
             BODY                                                                          \
             pa_ = ca_;                                                                    \
             pb_ = cb_;                                                                    \
         }                                                                                 \
-        da_ = unpackHalf2x16(pa_).y * (1.0 / 16777216.0);                                 \
-        db_ = unpackHalf2x16(pb_).y * (1.0 / 16777216.0);                                 \
+        BLOCK_END                                                                         \
+        da = unpackHalf2x16(pa_).y * (1.0 / 16777216.0);                                  \
+        db = unpackHalf2x16(pb_).y * (1.0 / 16777216.0);                                  \
         for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
-            vec4 wqa = da_ * i8x4_shifted(WORD(BA, (base_a) + 9u + k_));                  \
-            vec4 wqb = db_ * i8x4_shifted(WORD(BB, (base_b) + 9u + k_));                  \
+            vec4 wqa = i8x4_shifted(WORD(BA, (base_a) + 9u + k_));                        \
+            vec4 wqb = i8x4_shifted(WORD(BB, (base_b) + 9u + k_));                        \
             uint qi = 8u + k_;                                                            \
             BODY                                                                          \
         }                                                                                 \
+        BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_Q4_0)
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+#define QUANT_HAS_MIN true
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
     {                                                                                     \
         uint pa_ = WORD(BA, (base_a));                                                    \
         uint pb_ = WORD(BB, (base_b));                                                    \
-        float da_ = unpackHalf2x16(pa_).x;                                                \
-        float db_ = unpackHalf2x16(pb_).x;                                                \
+        float da = unpackHalf2x16(pa_).x;                                                 \
+        float db = unpackHalf2x16(pb_).x;                                                 \
+        float ma = -8.0 * da;                                                             \
+        float mb = -8.0 * db;                                                             \
         for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
             uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
             uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
             uint qa_ = (pa_ >> 16) | (ca_ << 16);                                         \
             uint qb_ = (pb_ >> 16) | (cb_ << 16);                                         \
             {                                                                             \
-                vec4 wqa = da_ * (nibbles(qa_, 0u) - 8.0);                                \
-                vec4 wqb = db_ * (nibbles(qb_, 0u) - 8.0);                                \
+                vec4 wqa = nibbles(qa_, 0u);                                              \
+                vec4 wqb = nibbles(qb_, 0u);                                              \
                 uint qi = k_;                                                             \
                 BODY                                                                      \
             }                                                                             \
             {                                                                             \
-                vec4 wqa = da_ * (nibbles(qa_, 4u) - 8.0);                                \
-                vec4 wqb = db_ * (nibbles(qb_, 4u) - 8.0);                                \
+                vec4 wqa = nibbles(qa_, 4u);                                              \
+                vec4 wqb = nibbles(qb_, 4u);                                              \
                 uint qi = 4u + k_;                                                        \
                 BODY                                                                      \
             }                                                                             \
             pa_ = ca_;                                                                    \
             pb_ = cb_;                                                                    \
         }                                                                                 \
-        da_ = unpackHalf2x16(pa_).y;                                                      \
-        db_ = unpackHalf2x16(pb_).y;                                                      \
+        BLOCK_END                                                                         \
+        da = unpackHalf2x16(pa_).y;                                                       \
+        db = unpackHalf2x16(pb_).y;                                                       \
+        ma = -8.0 * da;                                                                   \
+        mb = -8.0 * db;                                                                   \
         for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
             uint qa_ = WORD(BA, (base_a) + 5u + k_);                                      \
             uint qb_ = WORD(BB, (base_b) + 5u + k_);                                      \
             {                                                                             \
-                vec4 wqa = da_ * (nibbles(qa_, 0u) - 8.0);                                \
-                vec4 wqb = db_ * (nibbles(qb_, 0u) - 8.0);                                \
+                vec4 wqa = nibbles(qa_, 0u);                                              \
+                vec4 wqb = nibbles(qb_, 0u);                                              \
                 uint qi = 8u + k_;                                                        \
                 BODY                                                                      \
             }                                                                             \
             {                                                                             \
-                vec4 wqa = da_ * (nibbles(qa_, 4u) - 8.0);                                \
-                vec4 wqb = db_ * (nibbles(qb_, 4u) - 8.0);                                \
+                vec4 wqa = nibbles(qa_, 4u);                                              \
+                vec4 wqb = nibbles(qb_, 4u);                                              \
                 uint qi = 12u + k_;                                                       \
                 BODY                                                                      \
             }                                                                             \
         }                                                                                 \
+        BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_Q4_1)
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
+#define QUANT_HAS_MIN true
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
     for (uint b_ = 0u; b_ < 2u; b_++) {                                                   \
         vec2 dma_ = unpackHalf2x16(WORD(BA, (base_a) + 5u * b_));                         \
         vec2 dmb_ = unpackHalf2x16(WORD(BB, (base_b) + 5u * b_));                         \
@@ -227,37 +244,58 @@ vec4 nibbles(uint q, uint shift) {
             uint qa_ = WORD(BA, (base_a) + 5u * b_ + 1u + k_);                            \
             uint qb_ = WORD(BB, (base_b) + 5u * b_ + 1u + k_);                            \
             {                                                                             \
-                vec4 wqa = fma(vec4(dma_.x), nibbles(qa_, 0u), vec4(dma_.y));             \
-                vec4 wqb = fma(vec4(dmb_.x), nibbles(qb_, 0u), vec4(dmb_.y));             \
+                vec4 wqa = nibbles(qa_, 0u);                                              \
+                vec4 wqb = nibbles(qb_, 0u);                                              \
                 uint qi = 8u * b_ + k_;                                                   \
                 BODY                                                                      \
             }                                                                             \
             {                                                                             \
-                vec4 wqa = fma(vec4(dma_.x), nibbles(qa_, 4u), vec4(dma_.y));             \
-                vec4 wqb = fma(vec4(dmb_.x), nibbles(qb_, 4u), vec4(dmb_.y));             \
+                vec4 wqa = nibbles(qa_, 4u);                                              \
+                vec4 wqb = nibbles(qb_, 4u);                                              \
                 uint qi = 8u * b_ + 4u + k_;                                              \
                 BODY                                                                      \
             }                                                                             \
         }                                                                                 \
+        float da = dma_.x;                                                                \
+        float ma = dma_.y;                                                                \
+        float db = dmb_.x;                                                                \
+        float mb = dmb_.y;                                                                \
+        BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_F16)
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
-    for (uint qi = 0u; qi < 16u; qi++) {                                                  \
-        vec4 wqa = vec4(unpackHalf2x16(WORD(BA, (base_a) + 2u * qi)),                     \
-                        unpackHalf2x16(WORD(BA, (base_a) + 2u * qi + 1u)));               \
-        vec4 wqb = vec4(unpackHalf2x16(WORD(BB, (base_b) + 2u * qi)),                     \
-                        unpackHalf2x16(WORD(BB, (base_b) + 2u * qi + 1u)));               \
-        BODY                                                                              \
+#define QUANT_HAS_MIN false
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
+    {                                                                                     \
+        for (uint qi = 0u; qi < 16u; qi++) {                                              \
+            vec4 wqa = vec4(unpackHalf2x16(WORD(BA, (base_a) + 2u * qi)),                 \
+                            unpackHalf2x16(WORD(BA, (base_a) + 2u * qi + 1u)));           \
+            vec4 wqb = vec4(unpackHalf2x16(WORD(BB, (base_b) + 2u * qi)),                 \
+                            unpackHalf2x16(WORD(BB, (base_b) + 2u * qi + 1u)));           \
+            BODY                                                                          \
+        }                                                                                 \
+        float da = 1.0;                                                                   \
+        float ma = 0.0;                                                                   \
+        float db = 1.0;                                                                   \
+        float mb = 0.0;                                                                   \
+        BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_F32)
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY)                                      \
-    for (uint qi = 0u; qi < 16u; qi++) {                                                  \
-        uint oa_ = (base_a) + 4u * qi;                                                    \
-        uint ob_ = (base_b) + 4u * qi;                                                    \
-        vec4 wqa = uintBitsToFloat(uvec4(WORD(BA, oa_), WORD(BA, oa_ + 1u),               \
-                                         WORD(BA, oa_ + 2u), WORD(BA, oa_ + 3u)));        \
-        vec4 wqb = uintBitsToFloat(uvec4(WORD(BB, ob_), WORD(BB, ob_ + 1u),               \
-                                         WORD(BB, ob_ + 2u), WORD(BB, ob_ + 3u)));        \
-        BODY                                                                              \
+#define QUANT_HAS_MIN false
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
+    {                                                                                     \
+        for (uint qi = 0u; qi < 16u; qi++) {                                              \
+            uint oa_ = (base_a) + 4u * qi;                                                \
+            uint ob_ = (base_b) + 4u * qi;                                                \
+            vec4 wqa = uintBitsToFloat(uvec4(WORD(BA, oa_), WORD(BA, oa_ + 1u),           \
+                                             WORD(BA, oa_ + 2u), WORD(BA, oa_ + 3u)));    \
+            vec4 wqb = uintBitsToFloat(uvec4(WORD(BB, ob_), WORD(BB, ob_ + 1u),           \
+                                             WORD(BB, ob_ + 2u), WORD(BB, ob_ + 3u)));    \
+            BODY                                                                          \
+        }                                                                                 \
+        float da = 1.0;                                                                   \
+        float ma = 0.0;                                                                   \
+        float db = 1.0;                                                                   \
+        float mb = 0.0;                                                                   \
+        BLOCK_END                                                                         \
     }
 #endif
