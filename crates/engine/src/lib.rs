@@ -15,11 +15,11 @@ pub use residency::{
     TensorView, ViewPart, Weights, WeightsMode,
 };
 
-pub mod pagecache;
-pub mod sampling;
 pub mod forward;
 pub mod kernels;
 pub mod model;
+pub mod pagecache;
+pub mod sampling;
 pub mod session;
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
