@@ -125,26 +125,12 @@ pub fn residency(path: &Path) -> Result<Residency, PageCacheError> {
             .map_copy_read_only(&file)
     }
     .map_err(map_err)?;
-    let page = page_size();
-    let pages = map_len.div_ceil(page);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `map` is a live mapping of `map_len` bytes starting at a page-aligned
-    // address (mmap returns page-aligned addresses); `vec` holds one byte per page of
-    // that range, as mincore requires; both outlive the call.
-    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map_len, vec.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(PageCacheError::Mincore {
+    let resident_bytes =
+        crate::residency::sys::resident_bytes(&map).map_err(|source| PageCacheError::Mincore {
             path: path.to_path_buf(),
             len,
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let resident_pages = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
-    let mut resident_bytes = resident_pages * page as u64;
-    // The last page may be partly past the end of the file.
-    if vec.last().is_some_and(|&b| b & 1 == 1) {
-        resident_bytes -= (pages * page - map_len) as u64;
-    }
+            source,
+        })?;
     Ok(Residency {
         resident_bytes,
         file_bytes: len,
@@ -155,16 +141,6 @@ pub fn residency(path: &Path) -> Result<Residency, PageCacheError> {
 pub fn evict_and_measure(path: &Path) -> Result<Residency, PageCacheError> {
     evict(path)?;
     residency(path)
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf only reads its integer argument.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
 }
 
 #[cfg(test)]
