@@ -9,7 +9,7 @@ use std::sync::Arc;
 use engine::residency::Faults;
 use engine::{ResidencyOptions, Weights, WeightsMode};
 use gguf::GgufFile;
-use vk::{Context, ContextOptions};
+use vk::Context;
 
 fn model(name: &str) -> Arc<GgufFile> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -28,17 +28,7 @@ fn ctx() -> Option<Arc<Context>> {
         .with_test_writer()
         .with_env_filter("warn")
         .try_init();
-    match Context::new(&ContextOptions {
-        device_index: None,
-        validate: true,
-    }) {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
-            eprintln!("skipping: no Vulkan device ({e})");
-            None
-        }
-        Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
-    }
+    vk::testing::validating_context()
 }
 
 fn opts(mode: WeightsMode, cap: Option<u64>) -> ResidencyOptions {

@@ -21,6 +21,7 @@ mod error;
 mod import;
 mod kernels;
 mod pipeline;
+pub mod testing;
 mod texel;
 
 pub use ash;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use vk::{Buffer, BufferDesc, Context, ContextOptions, MemLocation};
+use vk::{Buffer, BufferDesc, Context, MemLocation};
 
 /// A validating context, or `None` (skip) when no device exists and
 /// VKDECODE_ALLOW_NO_GPU=1; without that variable a missing device fails the test.
@@ -14,17 +14,7 @@ pub fn ctx() -> Option<Arc<Context>> {
         .with_test_writer()
         .with_env_filter("warn")
         .try_init();
-    match Context::new(&ContextOptions {
-        device_index: None,
-        validate: true,
-    }) {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
-            eprintln!("skipping: no Vulkan device ({e})");
-            None
-        }
-        Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
-    }
+    vk::testing::validating_context()
 }
 
 /// A host-visible storage buffer holding `data` (at least 16 bytes).
