@@ -79,20 +79,78 @@ impl MemoryReport {
     }
 }
 
-/// Prints the per-kernel GPU time of one decode token.
+/// Prints the per-kernel GPU time of one decode token: kernel, dispatches, ms, share of
+/// the token, and for the matvecs the weight bytes read per second, set against the
+/// host's read bandwidth measured here (on an iGPU or lavapipe, the same DRAM).
 pub fn print_profile(rows: &[engine::KernelTime]) {
-    let total: f64 = rows.iter().map(|r| r.ns as f64 / 1e6).sum();
-    eprintln!("{:<28} {:>10} {:>8}", "kernel", "ms", "share");
+    let total_ns: u64 = rows.iter().map(|r| r.ns).sum();
+    let share = |ns: u64| 100.0 * ns as f64 / (total_ns.max(1)) as f64;
+    let gbs = |g: Option<f64>| g.map_or(String::new(), |g| format!("{g:.1}"));
+    eprintln!(
+        "{:<14} {:>10} {:>10} {:>7} {:>8} {:>10}",
+        "kernel", "dispatches", "ms", "share", "GB/s", "weight MB"
+    );
     for r in rows {
-        let ms = r.ns as f64 / 1e6;
-        eprintln!(
-            "{:<28} {:>10.3} {:>7.1}%",
+        let line = format!(
+            "{:<14} {:>10} {:>10.3} {:>6.1}% {:>8} {:>10}",
             r.name,
-            ms,
-            100.0 * ms / total.max(1e-12)
+            r.dispatches,
+            r.ns as f64 / 1e6,
+            share(r.ns),
+            gbs(r.gb_per_s()),
+            r.bytes
+                .map_or(String::new(), |b| format!("{:.1}", b as f64 / 1e6)),
+        );
+        eprintln!("{}", line.trim_end());
+    }
+    let mv: Vec<&engine::KernelTime> = rows.iter().filter(|r| r.bytes.is_some()).collect();
+    let mv_ns: u64 = mv.iter().map(|r| r.ns).sum();
+    let mv_bytes: u64 = mv.iter().filter_map(|r| r.bytes).sum();
+    eprintln!(
+        "{:<14} {:>10} {:>10.3} {:>6.1}%",
+        "total",
+        rows.iter().map(|r| u64::from(r.dispatches)).sum::<u64>(),
+        total_ns as f64 / 1e6,
+        share(total_ns),
+    );
+    if mv_ns > 0 {
+        eprintln!(
+            "matvecs: {:.1} MB of weights in {:.3} ms = {:.1} GB/s, {:.0}% of the token",
+            mv_bytes as f64 / 1e6,
+            mv_ns as f64 / 1e6,
+            mv_bytes as f64 / mv_ns as f64,
+            share(mv_ns)
         );
     }
-    eprintln!("{:<28} {:>10.3}", "total", total);
+    match read_bandwidth_gbs() {
+        Some(g) => eprintln!(
+            "machine reads {g:.1} GB/s (measured now: 2 threads summing 128 MiB; FACTS.md: ~31 GB/s on the CI machine)"
+        ),
+        None => eprintln!("machine reads ~31 GB/s (FACTS.md; measuring here failed)"),
+    }
+}
+
+/// Host read bandwidth in GB/s: the best of a few passes of two threads summing 64 MiB
+/// each. About 0.2 s; `None` if the buffer cannot be allocated or a thread fails.
+fn read_bandwidth_gbs() -> Option<f64> {
+    const WORDS: usize = 16 << 20; // 128 MiB of u64
+    let mut buf: Vec<u64> = Vec::new();
+    buf.try_reserve_exact(WORDS).ok()?;
+    buf.extend((0..WORDS as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    let (a, b) = buf.split_at(WORDS / 2);
+    let sum = |half: &[u64]| half.iter().fold(0u64, |s, &v| s.wrapping_add(v));
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let t = std::time::Instant::now();
+        let total = std::thread::scope(|s| {
+            let h = s.spawn(|| sum(a));
+            let mine = sum(b);
+            h.join().ok().map(|other| other.wrapping_add(mine))
+        })?;
+        std::hint::black_box(total);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Some((WORDS * 8) as f64 / best / 1e9)
 }
 
 #[cfg(test)]

@@ -88,12 +88,12 @@ fn main() {
                 .to_string();
             let e = by_kind.entry(kind).or_default();
             e.0 += k.ns;
-            e.1 += 1;
+            e.1 += k.dispatches as usize;
         }
         println!(
             "GPU time of the last token: {:.2} ms in {} dispatches",
             total as f64 / 1e6,
-            p.len()
+            p.iter().map(|k| k.dispatches).sum::<u32>()
         );
         for (kind, (ns, count)) in by_kind {
             println!(

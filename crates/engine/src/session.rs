@@ -59,11 +59,28 @@ pub struct Counters {
     pub prefilled_tokens: u64,
 }
 
-/// GPU time of one dispatch of the last profiled decode token.
+/// GPU time of one kernel in the last profiled decode token, summed over its dispatches
+/// (all layers, and every part of a split weight), from timestamp queries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
+    /// The dispatch's name without its layer and part: `embed`, `qkv`, `attention`,
+    /// `attn_output`, `gate_up`, `ffn_down`, `logits`, `argmax`.
     pub name: String,
+    /// Dispatches of this kernel in the token.
+    pub dispatches: u32,
+    /// GPU time of those dispatches, summed.
     pub ns: u64,
+    /// Weight bytes those dispatches read (the matvecs; `None` for other kernels).
+    pub bytes: Option<u64>,
+}
+
+impl KernelTime {
+    /// Weight bytes read per second, in GB/s (10^9 bytes), for the matvecs.
+    pub fn gb_per_s(&self) -> Option<f64> {
+        self.bytes
+            .filter(|_| self.ns > 0)
+            .map(|b| b as f64 / self.ns as f64)
+    }
 }
 
 /// Activation buffers and the KV cache (llama2.c's `RunState`), all f32, allocated once.
@@ -185,6 +202,8 @@ pub struct Session {
     dump_host: Vec<f32>,
     counters: Counters,
     profile_names: Vec<String>,
+    /// Weight bytes each profiled dispatch reads (`None`: not a matvec).
+    profile_bytes: Vec<Option<u64>>,
     last_profile: Option<Vec<KernelTime>>,
 }
 
@@ -242,6 +261,7 @@ impl Session {
             pos: 0,
             counters: Counters::default(),
             profile_names: Vec::new(),
+            profile_bytes: Vec::new(),
             last_profile: None,
         };
         session.counters.allocations = session.acts.count();
@@ -291,7 +311,8 @@ impl Session {
         self.counters
     }
 
-    /// Dispatch times of the last decode token, when the session profiles.
+    /// Per-kernel GPU time of the last decode token (in dispatch order of first
+    /// appearance), when the session profiles.
     pub fn profile_last_token(&self) -> Option<Vec<KernelTime>> {
         self.last_profile.clone()
     }
@@ -467,6 +488,7 @@ impl Session {
             cmd.end()?;
         }
         self.decode_cmds = cmds;
+        self.profile_bytes = dispatch_weight_bytes(&self.model, &names);
         self.profile_names = names;
         Ok(())
     }
@@ -483,16 +505,7 @@ impl Session {
         if let Some(q) = &self.query {
             let n = self.profile_names.len();
             let ts = q.read_ns(0, n as u32 + 1)?;
-            self.last_profile = Some(
-                self.profile_names
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| KernelTime {
-                        name: name.clone(),
-                        ns: ts[i + 1].saturating_sub(ts[i]),
-                    })
-                    .collect(),
-            );
+            self.last_profile = Some(per_kernel(&self.profile_names, &self.profile_bytes, &ts));
         }
         self.pos += 1;
         self.counters.decoded_tokens += 1;
@@ -510,5 +523,133 @@ impl Session {
         self.acts.logits.read(0, &mut self.logits_host)?;
         self.counters.bytes_read_back += (self.logits_host.len() * 4) as u64;
         Ok(&self.logits_host)
+    }
+}
+
+/// The kernel a dispatch name belongs to: `blk.3.gate_up` → `gate_up`, `logits#1` → `logits`.
+fn kernel_of(dispatch: &str) -> &str {
+    let name = dispatch.split('#').next().unwrap_or(dispatch);
+    match name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+        Some((layer, rest)) if layer.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => name,
+    }
+}
+
+/// Weight bytes each named dispatch reads: the rows of every weight view it binds, for the
+/// matvecs of `model`; `None` for the other dispatches.
+fn dispatch_weight_bytes(model: &GpuModel, names: &[String]) -> Vec<Option<u64>> {
+    let mut bytes = std::collections::HashMap::new();
+    let calls = model
+        .layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.attn_output, &l.gate_up, &l.ffn_down])
+        .chain(std::iter::once(&model.logits))
+        .flatten();
+    for call in calls {
+        let rows: u64 = call.slots.iter().map(|s| u64::from(s.nrows)).sum();
+        if let Some(row) = call.wtype.row_bytes(u64::from(call.ncols)) {
+            bytes.insert(call.name.as_str(), rows * row);
+        }
+    }
+    names
+        .iter()
+        .map(|n| bytes.get(n.as_str()).copied())
+        .collect()
+}
+
+/// Sums dispatch times per kernel. `ts[0]` is the timestamp before the first dispatch and
+/// `ts[i + 1]` the one after dispatch `i`.
+fn per_kernel(names: &[String], bytes: &[Option<u64>], ts: &[u64]) -> Vec<KernelTime> {
+    let mut rows: Vec<KernelTime> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let (Some(&t0), Some(&t1)) = (ts.get(i), ts.get(i + 1)) else {
+            break;
+        };
+        let kernel = kernel_of(name);
+        let b = bytes.get(i).copied().flatten();
+        let ns = t1.saturating_sub(t0);
+        match rows.iter_mut().find(|r| r.name == kernel) {
+            Some(r) => {
+                r.dispatches += 1;
+                r.ns += ns;
+                r.bytes = match (r.bytes, b) {
+                    (None, None) => None,
+                    (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
+                };
+            }
+            None => rows.push(KernelTime {
+                name: kernel.to_string(),
+                dispatches: 1,
+                ns,
+                bytes: b,
+            }),
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use super::{kernel_of, per_kernel, KernelTime};
+
+    #[test]
+    fn dispatch_names_map_to_kernels() {
+        assert_eq!(kernel_of("blk.0.qkv"), "qkv");
+        assert_eq!(kernel_of("blk.29.attention"), "attention");
+        assert_eq!(kernel_of("blk.12.gate_up#1"), "gate_up");
+        assert_eq!(kernel_of("logits#0"), "logits");
+        assert_eq!(kernel_of("embed"), "embed");
+        assert_eq!(kernel_of("blk.x.qkv"), "blk.x.qkv");
+    }
+
+    #[test]
+    fn times_and_weight_bytes_are_summed_per_kernel_in_first_seen_order() {
+        let names: Vec<String> = [
+            "embed",
+            "blk.0.qkv",
+            "blk.0.attention",
+            "blk.1.qkv",
+            "blk.1.attention",
+            "logits#0",
+            "logits#1",
+            "argmax",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let bytes = [
+            None,
+            Some(1000),
+            None,
+            Some(1000),
+            None,
+            Some(3000),
+            Some(500),
+            None,
+        ];
+        let ts = [10, 20, 50, 60, 100, 130, 1130, 1630, 1631];
+        let rows = per_kernel(&names, &bytes, &ts);
+        let want = |name: &str, dispatches, ns, bytes| KernelTime {
+            name: name.into(),
+            dispatches,
+            ns,
+            bytes,
+        };
+        assert_eq!(
+            rows,
+            vec![
+                want("embed", 1, 10, None),
+                want("qkv", 2, 30 + 40, Some(2000)),
+                want("attention", 2, 10 + 30, None),
+                want("logits", 2, 1000 + 500, Some(3500)),
+                want("argmax", 1, 1, None),
+            ]
+        );
+        let total: u64 = rows.iter().map(|r| r.ns).sum();
+        assert_eq!(total, 1631 - 10, "the rows cover the token");
+        assert_eq!(rows[3].gb_per_s(), Some(3500.0 / 1500.0));
+        assert_eq!(rows[0].gb_per_s(), None);
+        // fewer timestamps than names (a full query pool): the rest is left out
+        assert_eq!(per_kernel(&names, &bytes, &ts[..3]).len(), 2);
     }
 }

@@ -1,0 +1,196 @@
+//! criterion: the decode matvec (`matmul.comp` with the engine's decode shape, one token)
+//! on Q8_0 and Q4_1 weights at the default model's shapes, in GB/s of weight bytes read.
+//!
+//! Each iteration submits one pre-recorded command buffer (the dispatch, then a host
+//! barrier) and waits on its fence, so the clock stops only once the GPU is done.
+//! Weights are random but valid blocks (finite f16 scales) in a GPU buffer, bound through
+//! the same texel views, descriptor layout, push constants and `matmul_layout` as the
+//! engine's decode path. Before timing, each shape's output is checked against
+//! `reference::kernels::matmul`, so a broken kernel cannot post a fast figure.
+//!
+//! `cargo bench -p engine --bench matvec [-- --quick]`. No Vulkan device: fails, unless
+//! VKDECODE_ALLOW_NO_GPU=1 (then it prints a note and returns).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use engine::kernels::{self, InMode, Kernels, MatmulKey, MatmulPush, OutMode, Slot};
+use engine::model::DECODE_SHAPE;
+use gguf::GgmlType;
+use vk::{
+    Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, Descriptor,
+    MemLocation, TexelFormat,
+};
+
+/// (input length = columns, output length = rows) of SmolLM2-135M's decode matvecs:
+/// q / attn_output, k and v, gate and up, down, and the logits (tied embedding).
+const SHAPES: [(usize, usize, &str); 5] = [
+    (576, 576, "q,o"),
+    (576, 192, "k,v"),
+    (576, 1536, "gate,up"),
+    (1536, 576, "down"),
+    (576, 49152, "logits"),
+];
+
+/// Dependency-free xorshift64*: the blocks only need to be valid, not good random numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A finite f16 in about ±[2^-8, 2^-4): a plausible block scale.
+    fn scale(&mut self) -> [u8; 2] {
+        let v = (self.next() >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+        let s = (0.004 + 0.06 * v) * if self.next() & 1 == 0 { 1.0 } else { -1.0 };
+        half::f16::from_f32(s).to_le_bytes()
+    }
+}
+
+/// `rows × cols` weights of `ty` as raw GGUF blocks: random quants, valid scales.
+fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let n_blocks = rows * cols / ty.block_size();
+    let bs = ty.type_size();
+    let mut out = vec![0u8; n_blocks * bs];
+    for block in out.chunks_exact_mut(bs) {
+        for chunk in block.chunks_mut(8) {
+            let r = rng.next().to_le_bytes();
+            chunk.copy_from_slice(&r[..chunk.len()]);
+        }
+        // Q8_0: d, then 32 int8; Q4_1: d, m, then 16 bytes of nibbles.
+        block[0..2].copy_from_slice(&rng.scale());
+        if ty == GgmlType::Q4_1 {
+            block[2..4].copy_from_slice(&rng.scale());
+        }
+    }
+    out
+}
+
+/// A host-writable storage buffer holding `data` (padded to 16 bytes and to a word).
+fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, name: &str, data: &[T]) -> Buffer {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let size = (bytes.len() as u64).max(16).next_multiple_of(4);
+    let b =
+        Buffer::new(ctx, &BufferDesc::storage(name, size, MemLocation::CpuToGpu)).expect("buffer");
+    let mut padded = bytes.to_vec();
+    padded.resize(size as usize, 0);
+    b.write(0, &padded).expect("upload");
+    b
+}
+
+fn context() -> Option<Arc<Context>> {
+    match Context::new(&ContextOptions {
+        device_index: None,
+        validate: false,
+    }) {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
+            eprintln!("note: no Vulkan device ({e}); skipping (VKDECODE_ALLOW_NO_GPU=1)");
+            None
+        }
+        Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
+    }
+}
+
+fn matvec(c: &mut Criterion) {
+    let Some(ctx) = context() else { return };
+    let mut ks = Kernels::new(&ctx).expect("kernels");
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let dummy = upload(&ctx, "dummy", &[0f32; 4]);
+    let dummy_w = BufferView::new(&ctx, dummy.binding(), TexelFormat::R32Uint).expect("view");
+    let mut step_words = vec![0u32; (kernels::STEP_TOKENS_OFFSET / 4) as usize + 4];
+    step_words[0] = 0; // pos0
+    let step = upload(&ctx, "step", &step_words);
+
+    let mut group = c.benchmark_group("matvec");
+    group.sample_size(20);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        for &(cols, rows, what) in &SHAPES {
+            let w = random_blocks(ty, rows, cols, &mut rng);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+                .collect();
+            let wbuf = upload(&ctx, "w", &w);
+            let wv = BufferView::new(&ctx, wbuf.binding(), TexelFormat::R32Uint).expect("view");
+            let xbuf = upload(&ctx, "x", &x);
+            let xv = BufferView::new(&ctx, xbuf.binding(), TexelFormat::Rgba32Float).expect("view");
+            let out = upload(&ctx, "out", &vec![0f32; rows]);
+            // the engine's decode key for a plain matvec (see model::key_of)
+            let key = MatmulKey {
+                wtype: ty,
+                in_mode: InMode::Plain,
+                out_mode: OutMode::Store,
+                neox: false,
+                n_views: 1,
+                wg: DECODE_SHAPE.wg,
+                pairs: DECODE_SHAPE.pairs,
+                tb: DECODE_SHAPE.tb,
+            };
+            let p = ks.matmul(key).expect("matmul pipeline");
+            let set = p
+                .descriptor_set_with(&[
+                    Descriptor::Texel(&wv),
+                    Descriptor::Texel(&dummy_w),
+                    Descriptor::Texel(&dummy_w),
+                    Descriptor::Texel(&xv),
+                    Descriptor::Buffer(dummy.binding()),
+                    Descriptor::Buffer(out.binding()),
+                    Descriptor::Buffer(dummy.binding()),
+                    Descriptor::Buffer(dummy.binding()),
+                    Descriptor::Buffer(step.binding()),
+                    Descriptor::Texel(&xv),
+                ])
+                .expect("descriptor set");
+            let mut push = MatmulPush {
+                n_tok: 1,
+                ncols: cols as u32,
+                x_ld: cols as u32,
+                out_ld: rows as u32,
+                ..Default::default()
+            };
+            let slots = [Slot {
+                slot: 0,
+                nrows: rows as u32,
+                wofs: 0,
+                orow: 0,
+            }];
+            let groups = kernels::matmul_layout(&key, &mut push, &slots);
+            let mut cmd = CommandBuffer::new(&ctx).expect("command buffer");
+            cmd.begin().expect("begin");
+            cmd.dispatch(p, &set, bytemuck::bytes_of(&push), groups);
+            cmd.host_barrier();
+            cmd.end().expect("end");
+
+            // one checked run (also compiles the pipeline on lavapipe) before timing
+            ctx.submit_and_wait(&cmd).expect("submit");
+            let mut got = vec![0f32; rows];
+            out.read(0, &mut got).expect("read back");
+            let mut want = vec![0f32; rows];
+            reference::kernels::matmul(ty, &w, rows, cols, &x, 1, &mut want).expect("reference");
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (r, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-4 * scale + 1e-5,
+                    "{ty:?} {cols}->{rows}: row {r}: gpu {g} vs reference {e}"
+                );
+            }
+
+            group.throughput(Throughput::BytesDecimal(w.len() as u64));
+            let id = BenchmarkId::new(format!("{ty:?}"), format!("{cols}x{rows} {what}"));
+            group.bench_function(id, |b| {
+                b.iter(|| ctx.submit_and_wait(&cmd).expect("submit"));
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec);
+criterion_main!(benches);
