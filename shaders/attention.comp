@@ -11,8 +11,10 @@ layout(local_size_x_id = 0) in;
 const uint MAX_WG = 256u;
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };       // [n_tok][n_heads*head_dim]
-layout(std430, set = 0, binding = 1) readonly buffer KC { float kc[]; };     // [ctx][kv_dim]
-layout(std430, set = 0, binding = 2) readonly buffer VC { float vc[]; };     // [ctx][kv_dim]
+// The caches are RGBA32F texel buffers: on lavapipe a per-lane texelFetch is a plain
+// 16-byte load, where a per-lane storage-buffer load is a loop with a bounds check.
+layout(set = 0, binding = 1) uniform samplerBuffer kc4;                       // [ctx][kv_dim/4]
+layout(set = 0, binding = 2) uniform samplerBuffer vc4;                       // [ctx][kv_dim/4]
 layout(std430, set = 0, binding = 3) buffer Att { float att[]; };            // [n_tok][n_heads][ctx] scratch
 layout(std430, set = 0, binding = 4) writeonly buffer Out { float outv[]; }; // [n_tok][n_heads*head_dim]
 STEP_BUFFER(5)
@@ -68,20 +70,23 @@ void main() {
     uint t = gl_WorkGroupID.y;
     uint l = gl_LocalInvocationID.x;
     uint wg = gl_WorkGroupSize.x;
-    uint hd = pc.head_dim;
-    uint kv_dim = pc.n_kv_heads * hd;
+    uint hd = pc.head_dim;  // a multiple of 4 (the host checks)
+    uint hq = hd / 4u;
+    uint kv_q = pc.n_kv_heads * hq;  // quads per cache position
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint n_pos = step_pos0 + t + 1u;
     uint qo = (t * pc.n_heads + h) * hd;
     uint ao = (t * pc.n_heads + h) * pc.ctx;
 
-    // scores, and their maximum
+    // scores (one position per lane; q is read at uniform offsets), and their maximum
     float m = -3.402823466e38;
     for (uint p = l; p < n_pos; p += wg) {
-        uint ko = p * kv_dim + kvh * hd;
+        int ko = int(p * kv_q + kvh * hq);
         float s = 0.0;
-        for (uint d = 0u; d < hd; d++) {
-            s = fma(q[qo + d], kc[ko + d], s);
+        for (uint j = 0u; j < hq; j++) {
+            vec4 k = texelFetch(kc4, ko + int(j));
+            uint d = qo + 4u * j;
+            s = fma(q[d + 3u], k.w, fma(q[d + 2u], k.z, fma(q[d + 1u], k.y, fma(q[d], k.x, s))));
         }
         s *= pc.scale;
         att[ao + p] = s;
@@ -100,14 +105,19 @@ void main() {
     memoryBarrierBuffer();
     barrier();
 
-    // weighted sum of values, one output dimension per lane
+    // weighted sum of values, one quad of output dimensions per lane
     float inv = 1.0 / sum;
-    for (uint d = l; d < hd; d += wg) {
-        float o = 0.0;
-        uint vo = kvh * hd + d;
+    for (uint j = l; j < hq; j += wg) {
+        vec4 o = vec4(0.0);
+        int vo = int(kvh * hq + j);
         for (uint p = 0u; p < n_pos; p++) {
-            o = fma(att[ao + p], vc[p * kv_dim + vo], o);
+            o = fma(vec4(att[ao + p]), texelFetch(vc4, int(p * kv_q) + vo), o);
         }
-        outv[qo + d] = o * inv;
+        o *= inv;
+        uint d = qo + 4u * j;
+        outv[d] = o.x;
+        outv[d + 1u] = o.y;
+        outv[d + 2u] = o.z;
+        outv[d + 3u] = o.w;
     }
 }

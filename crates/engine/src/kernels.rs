@@ -251,6 +251,16 @@ pub const EMBED_KINDS: [DescriptorKind; 7] = [
 ];
 /// Bindings of `attention.comp`: q, k cache, v cache, scores, out, step.
 pub const ATTENTION_BINDINGS: u32 = 6;
+/// Descriptor kinds of `attention.comp`: the caches are RGBA32F texel buffers (so the head
+/// dimension must be a multiple of 4).
+pub const ATTENTION_KINDS: [DescriptorKind; 6] = [
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::UniformTexelBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+    DescriptorKind::StorageBuffer,
+];
 /// Bindings of `argmax.comp`: logits, result.
 pub const ARGMAX_BINDINGS: u32 = 2;
 
@@ -272,7 +282,7 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn new(ctx: &Arc<vk::Context>) -> Result<Kernels, EngineError> {
-        let attention = Pipeline::new(
+        let attention = Pipeline::with_kinds(
             ctx,
             &PipelineDesc {
                 kernel: Kernel::Attention,
@@ -280,6 +290,7 @@ impl Kernels {
                 push_size: std::mem::size_of::<AttentionPush>() as u32,
                 spec: vec![ATTENTION_WG],
             },
+            &ATTENTION_KINDS,
         )?;
         let argmax = Pipeline::new(
             ctx,

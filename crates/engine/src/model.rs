@@ -142,6 +142,17 @@ impl Views {
         })
     }
 
+    /// An RGBA32F view of an activation or cache buffer (kept alive by the model).
+    fn rgba(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
+        let v = Arc::new(BufferView::new(
+            &self.ctx,
+            binding,
+            TexelFormat::Rgba32Float,
+        )?);
+        self.all.push(Arc::clone(&v));
+        Ok(v)
+    }
+
     /// An R32UI view of a weight part (kept alive by the model).
     fn weights(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
         let v = Arc::new(BufferView::new(&self.ctx, binding, TexelFormat::R32Uint)?);
@@ -320,13 +331,13 @@ impl GpuModel {
         }
         let neox = cfg.rope_mode == RopeMode::Neox;
         let hd = cfg.head_dim;
-        if !hd.is_multiple_of(2)
+        if !hd.is_multiple_of(4)
             || hd / 2 > kernels::STEP_FREQS_MAX
             || cfg.n_kv_heads == 0
             || !cfg.n_heads.is_multiple_of(cfg.n_kv_heads)
         {
             return Err(EngineError::Unsupported(format!(
-                "head_dim {hd} with {} heads and {} kv heads (need an even head_dim <= {} and n_heads a multiple of n_kv_heads)",
+                "head_dim {hd} with {} heads and {} kv heads (need a head_dim that is a multiple of 4 and <= {}, and n_heads a multiple of n_kv_heads)",
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 2 * kernels::STEP_FREQS_MAX
@@ -380,13 +391,14 @@ impl GpuModel {
                 out_ld: q_dim,
                 last_token_only: false,
             };
-            let attention = kernels.attention.descriptor_set(&[
-                acts.q.binding(),
-                kc,
-                vc,
-                acts.scores.binding(),
-                acts.att_out.binding(),
-                acts.step.binding(),
+            let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
+            let attention = kernels.attention.descriptor_set_with(&[
+                Descriptor::Buffer(acts.q.binding()),
+                Descriptor::Texel(&kc4),
+                Descriptor::Texel(&vc4),
+                Descriptor::Buffer(acts.scores.binding()),
+                Descriptor::Buffer(acts.att_out.binding()),
+                Descriptor::Buffer(acts.step.binding()),
             ])?;
             let attn_output = MatmulSpec {
                 name: format!("blk.{l}.attn_output"),

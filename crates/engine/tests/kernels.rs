@@ -664,15 +664,16 @@ fn attention_matches_reference() {
     let scores = zeros(&ctx, "scores", n_tok * n_heads * ctx_len);
     let out = zeros(&ctx, "out", n_tok * q_dim);
     let step = step_buffer(&ctx, pos0, &[], &[]);
+    let (kv4, vv4) = (xview(&ctx, &kb), xview(&ctx, &vb));
     let set = ks
         .attention
-        .descriptor_set(&[
-            qb.binding(),
-            kb.binding(),
-            vb.binding(),
-            scores.binding(),
-            out.binding(),
-            step.binding(),
+        .descriptor_set_with(&[
+            Descriptor::Buffer(qb.binding()),
+            Descriptor::Texel(&kv4),
+            Descriptor::Texel(&vv4),
+            Descriptor::Buffer(scores.binding()),
+            Descriptor::Buffer(out.binding()),
+            Descriptor::Buffer(step.binding()),
         ])
         .unwrap();
     let push = AttentionPush {
