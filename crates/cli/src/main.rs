@@ -12,6 +12,8 @@ mod run;
 mod stats;
 mod tokenize;
 
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand};
 
 /// Decode GGUF language models on Vulkan compute, with the weights imported straight
@@ -45,12 +47,19 @@ enum Command {
 fn main() {
     // Library crates emit tracing spans and events (load, prefill, decode, residency
     // decisions); warnings show by default, `VKDECODE_LOG=info` (or debug, trace) shows more.
+    // On a terminal the residency layer's progress of a large staging copy shows too.
+    let default_filter = if std::io::stderr().is_terminal() {
+        "warn,engine::residency=info"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("VKDECODE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .without_time()
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
