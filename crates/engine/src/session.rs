@@ -652,4 +652,97 @@ mod profile_tests {
         // fewer timestamps than names (a full query pool): the rest is left out
         assert_eq!(per_kernel(&names, &bytes, &ts[..3]).len(), 2);
     }
+
+    /// A profiled decode token of a tiny synthetic model: one row per kernel in dispatch
+    /// order, a dispatch per layer, and the weight bytes of each matvec equal to the
+    /// bytes of the tensors it reads (the logits read the tied embedding or `output`).
+    #[test]
+    fn profiled_token_counts_dispatches_and_weight_bytes_per_kernel() {
+        use crate::{Session, SessionOptions};
+        use std::sync::Arc;
+        let ctx = match vk::Context::new(&vk::ContextOptions {
+            device_index: None,
+            validate: false,
+        }) {
+            Ok(c) => c,
+            Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
+                eprintln!("skipping: no Vulkan device ({e})");
+                return;
+            }
+            Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
+        };
+        let n_layers = 3;
+        let ty = gguf::GgmlType::Q8_0;
+        let bytes = reference::synthetic::tiny_llama(7, n_layers, 64, 4, 2, 128, 320, ty);
+        let path =
+            std::env::temp_dir().join(format!("vkdecode-profile-{}.gguf", std::process::id()));
+        std::fs::write(&path, &bytes).expect("writing the tiny model");
+        let file = Arc::new(gguf::GgufFile::open(&path).expect("tiny model"));
+        let _ = std::fs::remove_file(&path);
+        let tensor_bytes = |suffixes: &[&str]| -> u64 {
+            file.gguf()
+                .tensors
+                .iter()
+                .filter(|t| {
+                    t.name.starts_with("blk.")
+                        && suffixes
+                            .iter()
+                            .any(|s| t.name.ends_with(&format!(".{s}.weight")))
+                })
+                .map(|t| t.n_bytes())
+                .sum()
+        };
+        let logits_bytes = file
+            .gguf()
+            .tensor("output.weight")
+            .or_else(|| file.gguf().tensor("token_embd.weight"))
+            .expect("an output matrix")
+            .n_bytes();
+        let want_bytes = [
+            ("qkv", tensor_bytes(&["attn_q", "attn_k", "attn_v"])),
+            ("attn_output", tensor_bytes(&["attn_output"])),
+            ("gate_up", tensor_bytes(&["ffn_gate", "ffn_up"])),
+            ("ffn_down", tensor_bytes(&["ffn_down"])),
+            ("logits", logits_bytes),
+        ];
+        let opts = SessionOptions {
+            ctx_len: 16,
+            profile: true,
+            ..SessionOptions::default()
+        };
+        let mut s = Session::new(ctx, Arc::clone(&file), &opts).expect("session");
+        s.prefill(&[1, 2]).expect("prefill");
+        s.decode_argmax(3).expect("decode");
+        let rows = s.profile_last_token().expect("a profile");
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "embed",
+                "qkv",
+                "attention",
+                "attn_output",
+                "gate_up",
+                "ffn_down",
+                "logits",
+                "argmax"
+            ]
+        );
+        for r in &rows {
+            let want_dispatches = match r.name.as_str() {
+                "embed" | "argmax" | "logits" => 1,
+                _ => n_layers as u32,
+            };
+            assert_eq!(r.dispatches, want_dispatches, "{}", r.name);
+            let want = want_bytes
+                .iter()
+                .find(|(n, _)| *n == r.name)
+                .map(|&(_, b)| b);
+            assert_eq!(r.bytes, want, "weight bytes of {}", r.name);
+        }
+        assert!(
+            rows.iter().map(|r| r.ns).sum::<u64>() > 0,
+            "the token took no GPU time: {rows:?}"
+        );
+    }
 }
