@@ -5,7 +5,9 @@
 //! barrier) and waits on its fence, so the clock stops only once the GPU is done.
 //! Weights are random but valid blocks (finite f16 scales) in a GPU buffer, bound through
 //! the same texel views, descriptor layout, push constants and `matmul_layout` as the
-//! engine's decode path. Before timing, each shape's output is checked against
+//! engine's decode path. The `x16` variants record the dispatch 16 times in one command
+//! buffer (a barrier between, as in a decode token), so the ~70 us of submit + fence wait
+//! is spread over 16 matvecs and the GB/s is closer to the kernel's own. Before timing, each shape's output is checked against
 //! `reference::kernels::matmul`, so a broken kernel cannot post a fast figure.
 //!
 //! `cargo bench -p engine --bench matvec [-- --quick]`. No Vulkan device: fails, unless
@@ -32,6 +34,9 @@ const SHAPES: [(usize, usize, &str); 5] = [
     (1536, 576, "down"),
     (576, 49152, "logits"),
 ];
+
+/// Dispatches per submission in the `x16` variants.
+const REPEAT: usize = 16;
 
 /// Dependency-free xorshift64*: the blocks only need to be valid, not good random numbers.
 struct Rng(u64);
@@ -186,6 +191,23 @@ fn matvec(c: &mut Criterion) {
             let id = BenchmarkId::new(format!("{ty:?}"), format!("{cols}x{rows} {what}"));
             group.bench_function(id, |b| {
                 b.iter(|| ctx.submit_and_wait(&cmd).expect("submit"));
+            });
+
+            // the same dispatch REPEAT times in one submission, a barrier between them (as
+            // in a decode token): the submit + fence cost is spread over REPEAT matvecs
+            let mut rep = CommandBuffer::new(&ctx).expect("command buffer");
+            rep.begin().expect("begin");
+            for _ in 0..REPEAT {
+                rep.dispatch(p, &set, bytemuck::bytes_of(&push), groups);
+                rep.barrier();
+            }
+            rep.host_barrier();
+            rep.end().expect("end");
+            ctx.submit_and_wait(&rep).expect("submit");
+            group.throughput(Throughput::BytesDecimal(REPEAT as u64 * w.len() as u64));
+            let id = BenchmarkId::new(format!("{ty:?} x{REPEAT}"), format!("{cols}x{rows} {what}"));
+            group.bench_function(id, |b| {
+                b.iter(|| ctx.submit_and_wait(&rep).expect("submit"));
             });
         }
     }
