@@ -23,7 +23,16 @@
 //   F16   half                                      2 bytes
 //   F32   float                                     4 bytes
 
+#if defined(WTYPE_Q8_0)
+// Q8_0 weights are bound as RGBA32UI texels (W_TEXEL_WORDS = 4): on lavapipe one per-lane
+// 16-byte texel fetch costs about what one 4-byte fetch does, so a chunk's 17 words are
+// read as 5 texels and realigned in registers (`load17`). WORD is the single-word access.
+#define W_TEXEL_WORDS 4u
+#define WORD(BUF, i) texelFetch(BUF, int((i) >> 2u))[(i) & 3u]
+#else
+#define W_TEXEL_WORDS 1u
 #define WORD(BUF, i) texelFetch(BUF, int(i)).x
+#endif
 
 // int8 lanes of a word, each placed in the top byte so the conversion is exact and
 // signed; the 2^-24 is folded into the block scale.
@@ -151,34 +160,70 @@ vec4 nibbles(uint q, uint shift) {
 // per element saves a multiply per weight; QUANT_HAS_MIN says whether m can be non-zero
 // (then the caller also sums the inputs of the block).
 #if defined(WTYPE_Q8_0)
+// Words sh..sh+7 of the twelve words of texels t0, t1, t2 (sh = 0..3, per lane), as two
+// quads: two select stages (by 1 word, then by 2), no indexing.
+void window8(uvec4 t0, uvec4 t1, uvec4 t2, uint sh, out uvec4 r0, out uvec4 r1) {
+    bool s1 = (sh & 1u) != 0u;
+    uvec4 u0 = s1 ? uvec4(t0.yzw, t1.x) : t0;
+    uvec4 u1 = s1 ? uvec4(t1.yzw, t2.x) : t1;
+    uvec2 u2 = s1 ? t2.yz : t2.xy;
+    bool s2 = (sh & 2u) != 0u;
+    r0 = s2 ? uvec4(u0.zw, u1.xy) : u0;
+    r1 = s2 ? uvec4(u1.zw, u2) : u1;
+}
+
+// The 17 words of the chunk at word `base` of an RGBA32UI binding: 5 texel fetches.
+void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2,
+            out uvec4 w3, out uint w4) {
+    int t = int(base >> 2u);
+    uint sh = base & 3u;
+    uvec4 t0 = texelFetch(b, t);
+    uvec4 t1 = texelFetch(b, t + 1);
+    uvec4 t2 = texelFetch(b, t + 2);
+    uvec4 t3 = texelFetch(b, t + 3);
+    uvec4 t4 = texelFetch(b, t + 4);
+    window8(t0, t1, t2, sh, w0, w1);
+    window8(t2, t3, t4, sh, w2, w3);
+    w4 = sh == 0u ? t4.x : (sh == 1u ? t4.y : (sh == 2u ? t4.z : t4.w));
+}
+
+#define Q8_STEP_(QA, QB, QI, BODY)                                                        \
+    {                                                                                     \
+        vec4 wqa = i8x4_shifted(QA);                                                      \
+        vec4 wqb = i8x4_shifted(QB);                                                      \
+        uint qi = QI;                                                                     \
+        BODY                                                                              \
+    }
 #define QUANT_HAS_MIN false
 #define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
     {                                                                                     \
-        uint pa_ = WORD(BA, (base_a));                                                    \
-        uint pb_ = WORD(BB, (base_b));                                                    \
-        float da = unpackHalf2x16(pa_).x * (1.0 / 16777216.0);                            \
-        float db = unpackHalf2x16(pb_).x * (1.0 / 16777216.0);                            \
+        uvec4 a0_, a1_, a2_, a3_, b0_, b1_, b2_, b3_;                                     \
+        uint a4_, b4_;                                                                    \
+        load17(BA, (base_a), a0_, a1_, a2_, a3_, a4_);                                    \
+        load17(BB, (base_b), b0_, b1_, b2_, b3_, b4_);                                    \
+        float da = unpackHalf2x16(a0_.x).x * (1.0 / 16777216.0);                          \
+        float db = unpackHalf2x16(b0_.x).x * (1.0 / 16777216.0);                          \
         float ma = 0.0;                                                                   \
         float mb = 0.0;                                                                   \
-        for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
-            uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
-            uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
-            vec4 wqa = i8x4_shifted((pa_ >> 16) | (ca_ << 16));                           \
-            vec4 wqb = i8x4_shifted((pb_ >> 16) | (cb_ << 16));                           \
-            uint qi = k_;                                                                 \
-            BODY                                                                          \
-            pa_ = ca_;                                                                    \
-            pb_ = cb_;                                                                    \
-        }                                                                                 \
+        Q8_STEP_((a0_.x >> 16) | (a0_.y << 16), (b0_.x >> 16) | (b0_.y << 16), 0u, BODY)  \
+        Q8_STEP_((a0_.y >> 16) | (a0_.z << 16), (b0_.y >> 16) | (b0_.z << 16), 1u, BODY)  \
+        Q8_STEP_((a0_.z >> 16) | (a0_.w << 16), (b0_.z >> 16) | (b0_.w << 16), 2u, BODY)  \
+        Q8_STEP_((a0_.w >> 16) | (a1_.x << 16), (b0_.w >> 16) | (b1_.x << 16), 3u, BODY)  \
+        Q8_STEP_((a1_.x >> 16) | (a1_.y << 16), (b1_.x >> 16) | (b1_.y << 16), 4u, BODY)  \
+        Q8_STEP_((a1_.y >> 16) | (a1_.z << 16), (b1_.y >> 16) | (b1_.z << 16), 5u, BODY)  \
+        Q8_STEP_((a1_.z >> 16) | (a1_.w << 16), (b1_.z >> 16) | (b1_.w << 16), 6u, BODY)  \
+        Q8_STEP_((a1_.w >> 16) | (a2_.x << 16), (b1_.w >> 16) | (b2_.x << 16), 7u, BODY)  \
         BLOCK_END                                                                         \
-        da = unpackHalf2x16(pa_).y * (1.0 / 16777216.0);                                  \
-        db = unpackHalf2x16(pb_).y * (1.0 / 16777216.0);                                  \
-        for (uint k_ = 0u; k_ < 8u; k_++) {                                               \
-            vec4 wqa = i8x4_shifted(WORD(BA, (base_a) + 9u + k_));                        \
-            vec4 wqb = i8x4_shifted(WORD(BB, (base_b) + 9u + k_));                        \
-            uint qi = 8u + k_;                                                            \
-            BODY                                                                          \
-        }                                                                                 \
+        da = unpackHalf2x16(a2_.x).y * (1.0 / 16777216.0);                                \
+        db = unpackHalf2x16(b2_.x).y * (1.0 / 16777216.0);                                \
+        Q8_STEP_(a2_.y, b2_.y, 8u, BODY)                                                  \
+        Q8_STEP_(a2_.z, b2_.z, 9u, BODY)                                                  \
+        Q8_STEP_(a2_.w, b2_.w, 10u, BODY)                                                 \
+        Q8_STEP_(a3_.x, b3_.x, 11u, BODY)                                                 \
+        Q8_STEP_(a3_.y, b3_.y, 12u, BODY)                                                 \
+        Q8_STEP_(a3_.z, b3_.z, 13u, BODY)                                                 \
+        Q8_STEP_(a3_.w, b3_.w, 14u, BODY)                                                 \
+        Q8_STEP_(a4_, b4_, 15u, BODY)                                                     \
         BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_Q4_0)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet, TexelFormat};
 
 use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
-use crate::residency::{TensorView, Weights};
+use crate::residency::{TensorView, ViewPart, Weights};
 use crate::session::Activations;
 use crate::EngineError;
 
@@ -100,6 +100,13 @@ pub struct GpuModel {
     pub views: Vec<Arc<BufferView>>,
 }
 
+fn format_bytes(f: TexelFormat) -> u64 {
+    match f {
+        TexelFormat::R32Uint => 4,
+        TexelFormat::Rgba32Uint | TexelFormat::Rgba32Float => 16,
+    }
+}
+
 /// Texel views shared by the dispatches of the graph.
 struct Views {
     ctx: Arc<vk::Context>,
@@ -153,9 +160,26 @@ impl Views {
         Ok(v)
     }
 
-    /// An R32UI view of a weight part (kept alive by the model).
-    fn weights(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
-        let v = Arc::new(BufferView::new(&self.ctx, binding, TexelFormat::R32Uint)?);
+    /// The texel view of a weight part (kept alive by the model): RGBA32UI for Q8_0 (read
+    /// as 16-byte texels), R32UI otherwise (see [`kernels::weight_texel_format`]).
+    fn weights(
+        &mut self,
+        ty: GgmlType,
+        p: &ViewPart,
+        row_bytes: u64,
+    ) -> Result<Arc<BufferView>, EngineError> {
+        let format = kernels::weight_texel_format(ty);
+        let v = Arc::new(BufferView::new(&self.ctx, p.binding, format)?);
+        // whole texels: the part's last bytes must not fall in a partial texel
+        let end = p.byte_offset + p.n_rows * row_bytes;
+        if v.texels() * format_bytes(format) < end {
+            return Err(EngineError::Unsupported(format!(
+                "a {} weight part ending at byte {end} of a {}-byte binding that is not a whole number of {}-byte texels",
+                ty.name(),
+                p.binding.range,
+                format_bytes(format)
+            )));
+        }
         self.all.push(Arc::clone(&v));
         Ok(v)
     }
@@ -527,7 +551,7 @@ fn embed_call(
         Arc::clone(&views.dummy_w),
     ];
     for (i, p) in view.parts.iter().enumerate() {
-        w[i] = views.weights(p.binding)?;
+        w[i] = views.weights(view.ty, p, view.row_bytes)?;
         push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
         push.wofs[i] = to_u32(p.byte_offset / 4, "embedding offset")?;
     }
@@ -610,7 +634,7 @@ fn matmul_calls(
         let mut slots = Vec::new();
         for &(s, v, i) in group {
             let p = &v.parts[i];
-            w[s] = views.weights(p.binding)?;
+            w[s] = views.weights(v.ty, p, v.row_bytes)?;
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,

@@ -57,8 +57,17 @@ fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
 }
 
 /// The weight texel view (R32UI) of a buffer.
-fn wview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
-    BufferView::new(ctx, b.binding(), TexelFormat::R32Uint).unwrap()
+fn wview(ctx: &Arc<Context>, b: &Buffer, ty: GgmlType) -> BufferView {
+    BufferView::new(ctx, b.binding(), kernels::weight_texel_format(ty)).unwrap()
+}
+
+/// A weight buffer, zero-padded to whole 16-byte texels (the engine checks that a part's
+/// bytes lie in whole texels of its view; in a GGUF file the next tensor or padding
+/// follows).
+fn wupload(ctx: &Arc<Context>, name: &str, bytes: &[u8]) -> Buffer {
+    let mut v = bytes.to_vec();
+    v.resize(v.len().next_multiple_of(16), 0);
+    upload(ctx, name, &v)
 }
 
 /// The activation texel view (RGBA32F) of a buffer.
@@ -155,14 +164,14 @@ fn matmul_store_and_add_match_reference_for_every_type() {
     let mut rng = Rng::new(1);
     let (rows, cols, n_tok) = (202, 192, 5);
     let dummy = zeros(&ctx, "dummy", 4);
-    let dummy_w = wview(&ctx, &dummy);
+    let dummy_w = wview(&ctx, &dummy, GgmlType::F32);
     let step = step_buffer(&ctx, 0, &[], &[]);
     let g = rng.vec(rows + 4, 1.0); // the next norm weight, 4 floats in
     let gbuf = upload(&ctx, "g", &g);
     for ty in TYPES {
         let (bytes, w) = weights(&mut rng, ty, rows, cols, 64);
-        let wbuf = upload(&ctx, "w", &bytes);
-        let wv = wview(&ctx, &wbuf);
+        let wbuf = wupload(&ctx, "w", &bytes);
+        let wv = wview(&ctx, &wbuf, ty);
         let x = rng.vec(n_tok * cols, 1.0);
         let xbuf = upload(&ctx, "x", &x);
         let xv = xview(&ctx, &xbuf);
@@ -241,16 +250,16 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
     let mut rng = Rng::new(2);
     let (rows, cols, n_tok, eps) = (160, 128, 3, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
-    let dummy_w = wview(&ctx, &dummy);
+    let dummy_w = wview(&ctx, &dummy, GgmlType::F32);
     let step = step_buffer(&ctx, 0, &[], &[]);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
         let (bytes, w) = weights(&mut rng, ty, rows, cols, 0);
         let row_bytes = bytes.len() / rows;
         let split = 96; // rows 0..96 in part A, 96..160 in part B (B with 32 bytes in front)
-        let part_a = upload(&ctx, "wa", &bytes[..split * row_bytes]);
+        let part_a = wupload(&ctx, "wa", &bytes[..split * row_bytes]);
         let mut b_bytes = vec![0u8; 32];
         b_bytes.extend_from_slice(&bytes[split * row_bytes..]);
-        let part_b = upload(&ctx, "wb", &b_bytes);
+        let part_b = wupload(&ctx, "wb", &b_bytes);
         let x: Vec<f32> = rng.vec(n_tok * cols, 3.0);
         let norm_w = rng.vec(cols, 1.0);
         let (xbuf, xgbuf) = (
@@ -297,7 +306,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                 },
             ),
         ] {
-            let wv = wview(&ctx, buf);
+            let wv = wview(&ctx, buf, ty);
             let set = matmul_set(
                 p,
                 [&wv, &dummy_w, &dummy_w],
@@ -351,11 +360,15 @@ fn qkv_rope_and_cache_write_match_reference() {
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
         let (bq, bk, bv) = (
-            upload(&ctx, "wq", &wq),
-            upload(&ctx, "wk", &wk),
-            upload(&ctx, "wv", &wv),
+            wupload(&ctx, "wq", &wq),
+            wupload(&ctx, "wk", &wk),
+            wupload(&ctx, "wv", &wv),
         );
-        let (vq, vk_, vv) = (wview(&ctx, &bq), wview(&ctx, &bk), wview(&ctx, &bv));
+        let (vq, vk_, vv) = (
+            wview(&ctx, &bq, ty),
+            wview(&ctx, &bk, ty),
+            wview(&ctx, &bv, ty),
+        );
         let (xbuf, xgbuf) = (
             upload(&ctx, "x", &x),
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
@@ -493,14 +506,14 @@ fn gate_up_swiglu_matches_reference() {
         let (wu, fu) = weights(&mut rng, ty, hidden, dim, 0);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
-        let (bg, bu) = (upload(&ctx, "wg", &wg), upload(&ctx, "wu", &wu));
-        let (vg, vu) = (wview(&ctx, &bg), wview(&ctx, &bu));
+        let (bg, bu) = (wupload(&ctx, "wg", &wg), wupload(&ctx, "wu", &wu));
+        let (vg, vu) = (wview(&ctx, &bg, ty), wview(&ctx, &bu, ty));
         let (xbuf, xgbuf) = (
             upload(&ctx, "x", &x),
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
-        let dummy_w = wview(&ctx, &dummy);
+        let dummy_w = wview(&ctx, &dummy, ty);
         let out = zeros(&ctx, "hb", n_tok * hidden);
         let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
         let p = ks.matmul(k).unwrap();
@@ -581,14 +594,18 @@ fn embedding_gather_matches_reference_for_every_type() {
         let table = gguf::quant::quantize(ty, &rng.vec(rows * cols, 2.0)).unwrap();
         let rb = table.len() / rows;
         let split = 6;
-        let a = upload(&ctx, "a", &table[..split * rb]);
+        let a = wupload(&ctx, "a", &table[..split * rb]);
         let mut bb = vec![0u8; 16];
         bb.extend_from_slice(&table[split * rb..]);
-        let b = upload(&ctx, "b", &bb);
+        let b = wupload(&ctx, "b", &bb);
         let x = zeros(&ctx, "x", tokens.len() * cols);
         let xg = zeros(&ctx, "xg", tokens.len() * cols);
         let p = ks.embed(ty).unwrap();
-        let (va, vb, vd) = (wview(&ctx, &a), wview(&ctx, &b), wview(&ctx, &dummy));
+        let (va, vb, vd) = (
+            wview(&ctx, &a, ty),
+            wview(&ctx, &b, ty),
+            wview(&ctx, &dummy, ty),
+        );
         let set = p
             .descriptor_set_with(&[
                 Descriptor::Texel(&va),
