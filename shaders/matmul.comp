@@ -9,7 +9,8 @@
 // quad fetched for both rows of the pair; block scales are applied per block. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
-//   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1).
+//   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
+//   owns workgroups, each reading up at the same rows.
 //
 // rmsnorm is folded without a pass of its own: W·(x/rms(x)∘g) = (W·(x∘g)) / rms(x). The
 // dispatch that writes the residual x (OUT_ADD, or the embedding) also writes xg = x∘g for
@@ -152,7 +153,8 @@ void main() {
         }
         bool b_ok = rb < nrows;
         uint base_a = wofs + ra * row_words;
-        uint base_b = wofs + (b_ok ? rb : ra) * row_words;
+        // Glu: row rb of up lies at up's own word offset (slot 1)
+        uint base_b = (OUT_MODE == OUT_GLU ? pc.wofs[1] : wofs) + (b_ok ? rb : ra) * row_words;
 
         vec4 acc_a = vec4(0.0);
         vec4 acc_b = vec4(0.0);

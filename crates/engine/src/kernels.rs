@@ -168,7 +168,11 @@ pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> 
     let tile = key.tile_rows();
     let mut counts = [0u32; 3];
     for s in slots {
-        counts[s.slot] = s.nrows.div_ceil(tile);
+        // Glu: one invocation reads row p of gate (slot 0) and of up (slot 1), so only
+        // slot 0 owns workgroups
+        if key.out_mode != OutMode::Glu || s.slot == 0 {
+            counts[s.slot] = s.nrows.div_ceil(tile);
+        }
         push.nrows[s.slot] = s.nrows;
         push.wofs[s.slot] = s.wofs;
         push.orow[s.slot] = s.orow;

@@ -503,7 +503,8 @@ fn gate_up_swiglu_matches_reference() {
     let step = step_buffer(&ctx, 0, &[], &[]);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
         let (wg, fg) = weights(&mut rng, ty, hidden, dim, 0);
-        let (wu, fu) = weights(&mut rng, ty, hidden, dim, 0);
+        // up 64 bytes into its binding: its own word offset (slot 1) must be used
+        let (wu, fu) = weights(&mut rng, ty, hidden, dim, 64);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
         let (bg, bu) = (wupload(&ctx, "wg", &wg), wupload(&ctx, "wu", &wu));
@@ -544,11 +545,13 @@ fn gate_up_swiglu_matches_reference() {
             Slot {
                 slot: 1,
                 nrows: hidden as u32,
-                wofs: 0,
+                wofs: 16,
                 orow: 0,
             },
         ];
         let groups = kernels::matmul_layout(&k, &mut push, &slots);
+        // each invocation reads gate and up: only gate's rows own workgroups
+        assert_eq!(groups[0], (hidden as u32).div_ceil(k.tile_rows()));
         run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
         let got = read_f32(&out, n_tok * hidden);
         let mut xn = vec![0.0; dim];
@@ -556,7 +559,7 @@ fn gate_up_swiglu_matches_reference() {
             rk::rmsnorm(&x[t * dim..(t + 1) * dim], &norm_w, eps, &mut xn);
             let (mut g, mut u, mut h) = (vec![0.0; hidden], vec![0.0; hidden], vec![0.0; hidden]);
             rk::matvec(ty, &wg, hidden, dim, &xn, &mut g).unwrap();
-            rk::matvec(ty, &wu, hidden, dim, &xn, &mut u).unwrap();
+            rk::matvec(ty, &wu[64..], hidden, dim, &xn, &mut u).unwrap();
             rk::swiglu(&g, &u, &mut h);
             let (mg, mu) = (magnitudes(&fg, dim, &xn), magnitudes(&fu, dim, &xn));
             // d(silu(g)·u) <= (|u|·1.1·δg + |silu(g)|·δu), plus the exp's few ulps
