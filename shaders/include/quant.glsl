@@ -23,16 +23,29 @@
 //   F16   half                                      2 bytes
 //   F32   float                                     4 bytes
 
-#if defined(WTYPE_Q8_0)
-// Q8_0 weights are bound as RGBA32UI texels (W_TEXEL_WORDS = 4): on lavapipe one per-lane
-// 16-byte texel fetch costs about what one 4-byte fetch does, so a chunk's 17 words are
-// read as 5 texels and realigned in registers (`load17`). WORD is the single-word access.
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_1)
+// Q8_0 and Q4_1 weights are bound as RGBA32UI texels (W_TEXEL_WORDS = 4): on lavapipe one per-lane
+// 16-byte texel fetch costs about what one 4-byte fetch does, so a chunk's 17 (10) words
+// are read as 5 (4) texels and realigned in registers (`load17`, `load10`). WORD is the
+// single-word access.
 #define W_TEXEL_WORDS 4u
 #define WORD(BUF, i) texelFetch(BUF, int((i) >> 2u))[(i) & 3u]
 #else
 #define W_TEXEL_WORDS 1u
 #define WORD(BUF, i) texelFetch(BUF, int(i)).x
 #endif
+
+// Words sh..sh+7 of the twelve words of texels t0, t1, t2 (sh = 0..3, per lane), as two
+// quads: two select stages (by 1 word, then by 2), no indexing.
+void window8(uvec4 t0, uvec4 t1, uvec4 t2, uint sh, out uvec4 r0, out uvec4 r1) {
+    bool s1 = (sh & 1u) != 0u;
+    uvec4 u0 = s1 ? uvec4(t0.yzw, t1.x) : t0;
+    uvec4 u1 = s1 ? uvec4(t1.yzw, t2.x) : t1;
+    uvec2 u2 = s1 ? t2.yz : t2.xy;
+    bool s2 = (sh & 2u) != 0u;
+    r0 = s2 ? uvec4(u0.zw, u1.xy) : u0;
+    r1 = s2 ? uvec4(u1.zw, u2) : u1;
+}
 
 // int8 lanes of a word, each placed in the top byte so the conversion is exact and
 // signed; the 2^-24 is folded into the block scale.
@@ -160,18 +173,6 @@ vec4 nibbles(uint q, uint shift) {
 // per element saves a multiply per weight; QUANT_HAS_MIN says whether m can be non-zero
 // (then the caller also sums the inputs of the block).
 #if defined(WTYPE_Q8_0)
-// Words sh..sh+7 of the twelve words of texels t0, t1, t2 (sh = 0..3, per lane), as two
-// quads: two select stages (by 1 word, then by 2), no indexing.
-void window8(uvec4 t0, uvec4 t1, uvec4 t2, uint sh, out uvec4 r0, out uvec4 r1) {
-    bool s1 = (sh & 1u) != 0u;
-    uvec4 u0 = s1 ? uvec4(t0.yzw, t1.x) : t0;
-    uvec4 u1 = s1 ? uvec4(t1.yzw, t2.x) : t1;
-    uvec2 u2 = s1 ? t2.yz : t2.xy;
-    bool s2 = (sh & 2u) != 0u;
-    r0 = s2 ? uvec4(u0.zw, u1.xy) : u0;
-    r1 = s2 ? uvec4(u1.zw, u2) : u1;
-}
-
 // The 17 words of the chunk at word `base` of an RGBA32UI binding: 5 texel fetches.
 void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2,
             out uvec4 w3, out uint w4) {
@@ -280,32 +281,69 @@ void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w
         BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_Q4_1)
+// The 10 words of the chunk at word `base` of an RGBA32UI binding: 4 texel fetches.
+void load10(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec2 w2) {
+    int t = int(base >> 2u);
+    uint sh = base & 3u;
+    uvec4 t0 = texelFetch(b, t);
+    uvec4 t1 = texelFetch(b, t + 1);
+    uvec4 t2 = texelFetch(b, t + 2);
+    uvec4 t3 = texelFetch(b, t + 3);
+    window8(t0, t1, t2, sh, w0, w1);
+    uvec4 r0;
+    uvec4 r1;
+    window8(t2, t3, t3, sh, r0, r1);
+    w2 = r0.xy;
+}
+
+#define Q4_STEP_(QA, QB, SHIFT, QI, BODY)                                                 \
+    {                                                                                     \
+        vec4 wqa = nibbles(QA, SHIFT);                                                    \
+        vec4 wqb = nibbles(QB, SHIFT);                                                    \
+        uint qi = QI;                                                                     \
+        BODY                                                                              \
+    }
 #define QUANT_HAS_MIN true
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
-    for (uint b_ = 0u; b_ < 2u; b_++) {                                                   \
-        vec2 dma_ = unpackHalf2x16(WORD(BA, (base_a) + 5u * b_));                         \
-        vec2 dmb_ = unpackHalf2x16(WORD(BB, (base_b) + 5u * b_));                         \
-        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint qa_ = WORD(BA, (base_a) + 5u * b_ + 1u + k_);                            \
-            uint qb_ = WORD(BB, (base_b) + 5u * b_ + 1u + k_);                            \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 0u);                                              \
-                vec4 wqb = nibbles(qb_, 0u);                                              \
-                uint qi = 8u * b_ + k_;                                                   \
-                BODY                                                                      \
-            }                                                                             \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 4u);                                              \
-                vec4 wqb = nibbles(qb_, 4u);                                              \
-                uint qi = 8u * b_ + 4u + k_;                                              \
-                BODY                                                                      \
-            }                                                                             \
-        }                                                                                 \
-        float da = dma_.x;                                                                \
-        float ma = dma_.y;                                                                \
-        float db = dmb_.x;                                                                \
-        float mb = dmb_.y;                                                                \
-        BLOCK_END                                                                         \
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)  \
+    {                                                            \
+        uvec4 a0_, a1_, b0_, b1_;                                \
+        uvec2 a2_, b2_;                                          \
+        load10(BA, (base_a), a0_, a1_, a2_);                     \
+        load10(BB, (base_b), b0_, b1_, b2_);                     \
+        Q4_STEP_(a0_.y, b0_.y, 0u, 0u, BODY)                     \
+        Q4_STEP_(a0_.y, b0_.y, 4u, 4u, BODY)                     \
+        Q4_STEP_(a0_.z, b0_.z, 0u, 1u, BODY)                     \
+        Q4_STEP_(a0_.z, b0_.z, 4u, 5u, BODY)                     \
+        Q4_STEP_(a0_.w, b0_.w, 0u, 2u, BODY)                     \
+        Q4_STEP_(a0_.w, b0_.w, 4u, 6u, BODY)                     \
+        Q4_STEP_(a1_.x, b1_.x, 0u, 3u, BODY)                     \
+        Q4_STEP_(a1_.x, b1_.x, 4u, 7u, BODY)                     \
+        {                                                        \
+            vec2 dma_ = unpackHalf2x16(a0_.x);                   \
+            vec2 dmb_ = unpackHalf2x16(b0_.x);                   \
+            float da = dma_.x;                                   \
+            float ma = dma_.y;                                   \
+            float db = dmb_.x;                                   \
+            float mb = dmb_.y;                                   \
+            BLOCK_END                                            \
+        }                                                        \
+        Q4_STEP_(a1_.z, b1_.z, 0u, 8u, BODY)                     \
+        Q4_STEP_(a1_.z, b1_.z, 4u, 12u, BODY)                    \
+        Q4_STEP_(a1_.w, b1_.w, 0u, 9u, BODY)                     \
+        Q4_STEP_(a1_.w, b1_.w, 4u, 13u, BODY)                    \
+        Q4_STEP_(a2_.x, b2_.x, 0u, 10u, BODY)                    \
+        Q4_STEP_(a2_.x, b2_.x, 4u, 14u, BODY)                    \
+        Q4_STEP_(a2_.y, b2_.y, 0u, 11u, BODY)                    \
+        Q4_STEP_(a2_.y, b2_.y, 4u, 15u, BODY)                    \
+        {                                                        \
+            vec2 dma_ = unpackHalf2x16(a1_.y);                   \
+            vec2 dmb_ = unpackHalf2x16(b1_.y);                   \
+            float da = dma_.x;                                   \
+            float ma = dma_.y;                                   \
+            float db = dmb_.x;                                   \
+            float mb = dmb_.y;                                   \
+            BLOCK_END                                            \
+        }                                                        \
     }
 #elif defined(WTYPE_F16)
 #define QUANT_HAS_MIN false
