@@ -23,11 +23,11 @@
 //   F16   half                                      2 bytes
 //   F32   float                                     4 bytes
 
-#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_1)
-// Q8_0 and Q4_1 weights are bound as RGBA32UI texels (W_TEXEL_WORDS = 4): on lavapipe one per-lane
-// 16-byte texel fetch costs about what one 4-byte fetch does, so a chunk's 17 (10) words
-// are read as 5 (4) texels and realigned in registers (`load17`, `load10`). WORD is the
-// single-word access.
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
+// Q8_0, Q4_0 and Q4_1 weights are bound as RGBA32UI texels (W_TEXEL_WORDS = 4): on lavapipe one per-lane
+// 16-byte texel fetch costs about what one 4-byte fetch does, so a chunk's 17 (9, 10)
+// words are read as 5 (3, 4) texels and realigned in registers (`load17`, `load9`,
+// `load10`). WORD is the single-word access.
 #define W_TEXEL_WORDS 4u
 #define WORD(BUF, i) texelFetch(BUF, int((i) >> 2u))[(i) & 3u]
 #else
@@ -228,57 +228,61 @@ void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w
         BLOCK_END                                                                         \
     }
 #elif defined(WTYPE_Q4_0)
-#define QUANT_HAS_MIN true
-#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                           \
+// The 9 words of the chunk at word `base` of an RGBA32UI binding: 3 texel fetches.
+void load9(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uint w2) {
+    int t = int(base >> 2u);
+    uint sh = base & 3u;
+    uvec4 t0 = texelFetch(b, t);
+    uvec4 t1 = texelFetch(b, t + 1);
+    uvec4 t2 = texelFetch(b, t + 2);
+    window8(t0, t1, t2, sh, w0, w1);
+    w2 = sh == 0u ? t2.x : (sh == 1u ? t2.y : (sh == 2u ? t2.z : t2.w));
+}
+
+#define Q4_STEP_(QA, QB, SHIFT, QI, BODY)                                                 \
     {                                                                                     \
-        uint pa_ = WORD(BA, (base_a));                                                    \
-        uint pb_ = WORD(BB, (base_b));                                                    \
-        float da = unpackHalf2x16(pa_).x;                                                 \
-        float db = unpackHalf2x16(pb_).x;                                                 \
-        float ma = -8.0 * da;                                                             \
-        float mb = -8.0 * db;                                                             \
-        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint ca_ = WORD(BA, (base_a) + 1u + k_);                                      \
-            uint cb_ = WORD(BB, (base_b) + 1u + k_);                                      \
-            uint qa_ = (pa_ >> 16) | (ca_ << 16);                                         \
-            uint qb_ = (pb_ >> 16) | (cb_ << 16);                                         \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 0u);                                              \
-                vec4 wqb = nibbles(qb_, 0u);                                              \
-                uint qi = k_;                                                             \
-                BODY                                                                      \
-            }                                                                             \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 4u);                                              \
-                vec4 wqb = nibbles(qb_, 4u);                                              \
-                uint qi = 4u + k_;                                                        \
-                BODY                                                                      \
-            }                                                                             \
-            pa_ = ca_;                                                                    \
-            pb_ = cb_;                                                                    \
-        }                                                                                 \
-        BLOCK_END                                                                         \
-        da = unpackHalf2x16(pa_).y;                                                       \
-        db = unpackHalf2x16(pb_).y;                                                       \
-        ma = -8.0 * da;                                                                   \
-        mb = -8.0 * db;                                                                   \
-        for (uint k_ = 0u; k_ < 4u; k_++) {                                               \
-            uint qa_ = WORD(BA, (base_a) + 5u + k_);                                      \
-            uint qb_ = WORD(BB, (base_b) + 5u + k_);                                      \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 0u);                                              \
-                vec4 wqb = nibbles(qb_, 0u);                                              \
-                uint qi = 8u + k_;                                                        \
-                BODY                                                                      \
-            }                                                                             \
-            {                                                                             \
-                vec4 wqa = nibbles(qa_, 4u);                                              \
-                vec4 wqb = nibbles(qb_, 4u);                                              \
-                uint qi = 12u + k_;                                                       \
-                BODY                                                                      \
-            }                                                                             \
-        }                                                                                 \
-        BLOCK_END                                                                         \
+        vec4 wqa = nibbles(QA, SHIFT);                                                    \
+        vec4 wqb = nibbles(QB, SHIFT);                                                    \
+        uint qi = QI;                                                                     \
+        BODY                                                                              \
+    }
+#define QUANT_HAS_MIN true
+#define FOR_EACH_QUAD2(BA, base_a, BB, base_b, BODY, BLOCK_END)                               \
+    {                                                                                         \
+        uvec4 a0_, a1_, b0_, b1_;                                                             \
+        uint a2_, b2_;                                                                        \
+        load9(BA, (base_a), a0_, a1_, a2_);                                                   \
+        load9(BB, (base_b), b0_, b1_, b2_);                                                   \
+        Q4_STEP_((a0_.x >> 16) | (a0_.y << 16), (b0_.x >> 16) | (b0_.y << 16), 0u, 0u, BODY)  \
+        Q4_STEP_((a0_.x >> 16) | (a0_.y << 16), (b0_.x >> 16) | (b0_.y << 16), 4u, 4u, BODY)  \
+        Q4_STEP_((a0_.y >> 16) | (a0_.z << 16), (b0_.y >> 16) | (b0_.z << 16), 0u, 1u, BODY)  \
+        Q4_STEP_((a0_.y >> 16) | (a0_.z << 16), (b0_.y >> 16) | (b0_.z << 16), 4u, 5u, BODY)  \
+        Q4_STEP_((a0_.z >> 16) | (a0_.w << 16), (b0_.z >> 16) | (b0_.w << 16), 0u, 2u, BODY)  \
+        Q4_STEP_((a0_.z >> 16) | (a0_.w << 16), (b0_.z >> 16) | (b0_.w << 16), 4u, 6u, BODY)  \
+        Q4_STEP_((a0_.w >> 16) | (a1_.x << 16), (b0_.w >> 16) | (b1_.x << 16), 0u, 3u, BODY)  \
+        Q4_STEP_((a0_.w >> 16) | (a1_.x << 16), (b0_.w >> 16) | (b1_.x << 16), 4u, 7u, BODY)  \
+        {                                                                                     \
+            float da = unpackHalf2x16(a0_.x).x;                                               \
+            float db = unpackHalf2x16(b0_.x).x;                                               \
+            float ma = -8.0 * da;                                                             \
+            float mb = -8.0 * db;                                                             \
+            BLOCK_END                                                                         \
+        }                                                                                     \
+        Q4_STEP_(a1_.y, b1_.y, 0u, 8u, BODY)                                                  \
+        Q4_STEP_(a1_.y, b1_.y, 4u, 12u, BODY)                                                 \
+        Q4_STEP_(a1_.z, b1_.z, 0u, 9u, BODY)                                                  \
+        Q4_STEP_(a1_.z, b1_.z, 4u, 13u, BODY)                                                 \
+        Q4_STEP_(a1_.w, b1_.w, 0u, 10u, BODY)                                                 \
+        Q4_STEP_(a1_.w, b1_.w, 4u, 14u, BODY)                                                 \
+        Q4_STEP_(a2_, b2_, 0u, 11u, BODY)                                                     \
+        Q4_STEP_(a2_, b2_, 4u, 15u, BODY)                                                     \
+        {                                                                                     \
+            float da = unpackHalf2x16(a1_.x).y;                                               \
+            float db = unpackHalf2x16(b1_.x).y;                                               \
+            float ma = -8.0 * da;                                                             \
+            float mb = -8.0 * db;                                                             \
+            BLOCK_END                                                                         \
+        }                                                                                     \
     }
 #elif defined(WTYPE_Q4_1)
 // The 10 words of the chunk at word `base` of an RGBA32UI binding: 4 texel fetches.

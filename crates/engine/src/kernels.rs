@@ -195,12 +195,12 @@ pub fn supported_weight_type(ty: GgmlType) -> bool {
 }
 
 /// The texel format weights of `ty` are bound with (the `W_TEXEL_WORDS` of
-/// `shaders/include/quant.glsl`): Q8_0 and Q4_1 chunks (17 and 10 words) are read as
-/// 16-byte texels and realigned in registers, 3-4x fewer fetches; the other types word
-/// by word.
+/// `shaders/include/quant.glsl`): Q8_0, Q4_0 and Q4_1 chunks (17, 9 and 10 words) are
+/// read as 16-byte texels and realigned in registers, 2.5-3.4x fewer fetches; F16 and
+/// F32 word by word.
 pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_1 => vk::TexelFormat::Rgba32Uint,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => vk::TexelFormat::Rgba32Uint,
         _ => vk::TexelFormat::R32Uint,
     }
 }
