@@ -37,10 +37,11 @@ pub enum Batch {
     Prefill,
 }
 
-/// Decode: 8 lanes × 4 row pairs = 64 rows per workgroup, one token.
+/// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
+/// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0).
 pub const DECODE_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
-    pairs: 4,
+    pairs: 8,
     tb: 1,
 };
 /// Prefill: each weight chunk loaded is used for 4 tokens.
