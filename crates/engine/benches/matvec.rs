@@ -79,7 +79,8 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
 /// A host-writable storage buffer holding `data` (padded to 16 bytes and to a word).
 fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, name: &str, data: &[T]) -> Buffer {
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let size = (bytes.len() as u64).max(16).next_multiple_of(4);
+    // A multiple of 16 bytes: quantised weights are read as 16-byte texels.
+    let size = (bytes.len() as u64).max(16).next_multiple_of(16);
     let b =
         Buffer::new(ctx, &BufferDesc::storage(name, size, MemLocation::CpuToGpu)).expect("buffer");
     let mut padded = bytes.to_vec();
@@ -107,7 +108,6 @@ fn matvec(c: &mut Criterion) {
     let mut ks = Kernels::new(&ctx).expect("kernels");
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let dummy = upload(&ctx, "dummy", &[0f32; 4]);
-    let dummy_w = BufferView::new(&ctx, dummy.binding(), TexelFormat::R32Uint).expect("view");
     let mut step_words = vec![0u32; (kernels::STEP_TOKENS_OFFSET / 4) as usize + 4];
     step_words[0] = 0; // pos0
     let step = upload(&ctx, "step", &step_words);
@@ -117,13 +117,15 @@ fn matvec(c: &mut Criterion) {
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
     for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        let format = kernels::weight_texel_format(ty);
+        let dummy_w = BufferView::new(&ctx, dummy.binding(), format).expect("view");
         for &(cols, rows, what) in &SHAPES {
             let w = random_blocks(ty, rows, cols, &mut rng);
             let x: Vec<f32> = (0..cols)
                 .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
                 .collect();
             let wbuf = upload(&ctx, "w", &w);
-            let wv = BufferView::new(&ctx, wbuf.binding(), TexelFormat::R32Uint).expect("view");
+            let wv = BufferView::new(&ctx, wbuf.binding(), format).expect("view");
             let xbuf = upload(&ctx, "x", &x);
             let xv = BufferView::new(&ctx, xbuf.binding(), TexelFormat::Rgba32Float).expect("view");
             let out = upload(&ctx, "out", &vec![0f32; rows]);
