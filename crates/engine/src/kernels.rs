@@ -239,7 +239,8 @@ fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
 
 /// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
 pub const MATMUL_BINDINGS: u32 = 10;
-/// Descriptor kinds of `matmul.comp`: weights (R32UI), x and xr (RGBA32F) are texel buffers.
+/// Descriptor kinds of `matmul.comp`: weights (in [`weight_texel_format`]), x and xr
+/// (RGBA32F) are texel buffers.
 pub const MATMUL_KINDS: [DescriptorKind; 10] = [
     DescriptorKind::UniformTexelBuffer,
     DescriptorKind::UniformTexelBuffer,
@@ -254,7 +255,7 @@ pub const MATMUL_KINDS: [DescriptorKind; 10] = [
 ];
 /// Bindings of `embed.comp`: w0, w1, w2, x, step, xg, g.
 pub const EMBED_BINDINGS: u32 = 7;
-/// Descriptor kinds of `embed.comp`: the table parts are R32UI texel buffers.
+/// Descriptor kinds of `embed.comp`: the table parts are texel buffers.
 pub const EMBED_KINDS: [DescriptorKind; 7] = [
     DescriptorKind::UniformTexelBuffer,
     DescriptorKind::UniformTexelBuffer,
