@@ -9,6 +9,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use crate::symbols::{join, pieces, split_chars, Symbol};
+
 /// GPT-2's byte-to-character table.
 pub fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
@@ -77,28 +79,9 @@ impl Merges {
 /// lengths recorded at push time detect entries made stale by later merges.
 type Candidate = (Reverse<u32>, Reverse<usize>, usize, usize, usize);
 
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
 /// Runs the merges over one byte-encoded word and calls `emit` with each final piece.
-pub fn merge_word(word: &str, merges: &Merges, mut emit: impl FnMut(&str)) {
-    let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
-    for (i, (start, c)) in word.char_indices().enumerate() {
-        symbols.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: None,
-        });
-        if i > 0 {
-            symbols[i - 1].next = Some(i);
-        }
-    }
+pub fn merge_word(word: &str, merges: &Merges, emit: impl FnMut(&str)) {
+    let mut symbols = split_chars(word);
     if symbols.len() > 1 {
         let mut key = String::new();
         let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
@@ -117,21 +100,14 @@ pub fn merge_word(word: &str, merges: &Merges, mut emit: impl FnMut(&str)) {
             if symbols[l].len != llen || symbols[r].len != rlen || llen == 0 || rlen == 0 {
                 continue;
             }
-            symbols[l].len += rlen;
-            symbols[r].len = 0;
-            symbols[l].next = symbols[r].next;
-            if let Some(n) = symbols[r].next {
-                symbols[n].prev = Some(l);
-            }
+            join(&mut symbols, l, r);
             if let Some(p) = symbols[l].prev {
                 push(&mut heap, &mut key, &symbols, p);
             }
             push(&mut heap, &mut key, &symbols, l);
         }
     }
-    for s in symbols.iter().filter(|s| s.len > 0) {
-        emit(&word[s.start..s.start + s.len]);
-    }
+    pieces(&symbols, word).for_each(emit);
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ mod error;
 mod pretokenize;
 mod spm;
 mod stream;
+mod symbols;
 mod tokenizer;
 mod vocab;
 

@@ -9,18 +9,12 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
+use crate::symbols::{join, pieces, split_chars, Symbol};
+
 /// The vocabulary lookups the merge loop needs.
 pub trait SpmVocab {
     /// The id and score of the token spelled `text`.
     fn lookup(&self, text: &str) -> Option<(u32, f32)>;
-}
-
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
 }
 
 /// A pair candidate ordered by score (higher first), then position (leftmost first).
@@ -54,18 +48,7 @@ impl Ord for Bigram {
 /// piece that is a token is passed as `Ok(id)`, one that is not as `Err(text)` (the
 /// caller spells it in byte tokens).
 pub fn merge(text: &str, vocab: &impl SpmVocab, mut emit: impl FnMut(Result<u32, &str>)) {
-    let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
-    for (i, (start, c)) in text.char_indices().enumerate() {
-        symbols.push(Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: None,
-        });
-        if i > 0 {
-            symbols[i - 1].next = Some(i);
-        }
-    }
+    let mut symbols = split_chars(text);
     let mut heap = BinaryHeap::new();
     let push = |heap: &mut BinaryHeap<Bigram>, syms: &[Symbol], l: usize| {
         if let Some(r) = syms[l].next {
@@ -89,19 +72,13 @@ pub fn merge(text: &str, vocab: &impl SpmVocab, mut emit: impl FnMut(Result<u32,
         if symbols[l].len == 0 || symbols[r].len == 0 || symbols[l].len + symbols[r].len != b.size {
             continue;
         }
-        symbols[l].len = b.size;
-        symbols[r].len = 0;
-        symbols[l].next = symbols[r].next;
-        if let Some(n) = symbols[r].next {
-            symbols[n].prev = Some(l);
-        }
+        join(&mut symbols, l, r);
         if let Some(p) = symbols[l].prev {
             push(&mut heap, &symbols, p);
         }
         push(&mut heap, &symbols, l);
     }
-    for s in symbols.iter().filter(|s| s.len > 0) {
-        let piece = &text[s.start..s.start + s.len];
+    for piece in pieces(&symbols, text) {
         match vocab.lookup(piece) {
             Some((id, _)) => emit(Ok(id)),
             None => emit(Err(piece)),
