@@ -545,9 +545,10 @@ impl Forward {
                 if greedy {
                     s.last_argmax()?
                 } else {
-                    let logits = s.last_logits()?.to_vec();
-                    self.compare(&logits, *ids.last().unwrap_or(&0), ids.len() - 1)?;
-                    sampler.sample(&logits)?
+                    let logits = s.last_logits()?;
+                    let last = ids.len() - 1;
+                    self.last_check_diff = compare(&mut self.check, logits, ids[last], last)?;
+                    sampler.sample(logits)?
                 }
             }
             ForwardImpl::Reference(ms) => {
@@ -570,9 +571,9 @@ impl Forward {
                 if greedy {
                     Ok(s.decode_argmax(token)?)
                 } else {
-                    let logits = s.decode_logits(token)?.to_vec();
-                    self.compare(&logits, token, pos)?;
-                    Ok(sampler.sample(&logits)?)
+                    let logits = s.decode_logits(token)?;
+                    self.last_check_diff = compare(&mut self.check, logits, token, pos)?;
+                    Ok(sampler.sample(logits)?)
                 }
             }
             ForwardImpl::Reference(ms) => {
@@ -581,21 +582,6 @@ impl Forward {
                 Ok(sampler.sample(logits)?)
             }
         }
-    }
-
-    /// With `--check`, runs the reference on the same token and records the largest
-    /// logit difference.
-    fn compare(&mut self, gpu: &[f32], token: u32, pos: usize) -> Result<()> {
-        if let Some((model, state)) = &mut self.check {
-            let cpu = reference::forward(model, state, token, pos, &mut |_, _| {})?;
-            let diff = gpu
-                .iter()
-                .zip(cpu)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            self.last_check_diff = Some(diff);
-        }
-        Ok(())
     }
 
     fn print_profile(&self) {
@@ -608,6 +594,26 @@ impl Forward {
             None => eprintln!("no profile recorded (the device has no timestamp support?)"),
         }
     }
+}
+
+/// With `--check`, runs the reference on the same token and returns the largest logit
+/// difference from the GPU's logits.
+fn compare(
+    check: &mut Option<(reference::Model, reference::State)>,
+    gpu: &[f32],
+    token: u32,
+    pos: usize,
+) -> Result<Option<f32>> {
+    let Some((model, state)) = check else {
+        return Ok(None);
+    };
+    let cpu = reference::forward(model, state, token, pos, &mut |_, _| {})?;
+    Ok(Some(
+        gpu.iter()
+            .zip(cpu)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max),
+    ))
 }
 
 /// A rendezvous of `n` processes through files in a directory (see `--bench-barrier`).
