@@ -4,9 +4,10 @@
 // CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
 // add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
 //
-// Each invocation computes PAIRS pairs of rows for TB (1..4) tokens. Lanes of a workgroup
-// take neighbouring pairs; every weight word fetched is used for TB tokens and every input
-// quad fetched for both rows of the pair; block scales are applied per block. A pair is:
+// Each invocation computes PAIRS pairs of rows for TB (1..4) tokens, GROUP pairs at a time
+// in lockstep. Lanes of a workgroup take neighbouring pairs; every weight word fetched is
+// used for TB tokens and every input quad fetched for the 2*GROUP rows of the group; block
+// scales are applied per block. A pair is:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
@@ -31,6 +32,10 @@ layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 X = x∘g with 1
 layout(constant_id = 4) const uint OUT_MODE = 0u; // 0 store, 1 add, 2 qkv, 3 glu
 layout(constant_id = 5) const uint ROPE_NEOX = 0u;
 layout(constant_id = 6) const uint N_VIEWS = 1u;
+// All views are read through w0 at their own word offsets. lavapipe runs both sides of
+// every branch (masked), so the per-view branch below would fetch each view's weights in
+// every workgroup; with one binding there is no branch.
+layout(constant_id = 7) const bool W_SHARED = false;
 
 const uint IN_RMSNORM = 1u;
 const uint OUT_STORE = 0u;
@@ -75,42 +80,155 @@ vec4 xq(uint t, uint q) {
     return texelFetch(x4, int(x_row(t) * (pc.x_ld / 4u) + q));
 }
 
-// Adds token t's input quad to the block sums (one component per token).
-#define QUAD_TOKEN(t, C)                                                                  \
+// Input quads of one chunk for token t, fetched once and shared by every row pair of
+// the group (lavapipe turns each texel fetch into a call with a bounds check and eight
+// lane loads, so the input must not be fetched once per row pair). Indexed only with
+// constants after the macros below expand, so they stay in registers.
+#define LOAD_XS(XS, t, q0)                                                                \
+    vec4 XS[16];                                                                          \
+    for (uint k_ = 0u; k_ < 16u; k_++) {                                                  \
+        XS[k_] = (TB > (t)) ? xq((t), (q0) + k_) : vec4(0.0);                             \
+    }
+
+// Adds token t's input quad (XS[qi]) to the block sums (one component per token).
+#define QUAD_TOKEN(XS, C)                                                                 \
     {                                                                                     \
-        vec4 x_ = xq(t, q0_ + qi);                                                        \
+        vec4 x_ = XS[qi];                                                                 \
         sa_.C = dot4(wqa, x_, sa_.C);                                                     \
         sb_.C = dot4(wqb, x_, sb_.C);                                                     \
         if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
     }
 
-// acc_a, acc_b (one component per token) += rows at words base_a of BA and base_b of BB · X,
-// each input quad fetched once for both rows, the block scale applied per block
-#define PAIR_DOT(BA, base_a, BB, base_b)                                                  \
-    for (uint c = 0u; c < nchunks; c++) {                                                 \
-        uint ca0_ = (base_a) + c * CHUNK_WORDS;                                           \
-        uint cb0_ = (base_b) + c * CHUNK_WORDS;                                           \
-        uint q0_ = c * 16u;                                                               \
+// ACC_A, ACC_B (one component per token) += chunk c of the rows at words BASE_A of BA
+// and BASE_B of BB · X, the block scale applied per block.
+#define CHUNK_DOT(BA, BASE_A, BB, BASE_B, ACC_A, ACC_B)                                   \
+    {                                                                                     \
+        uint ca0_ = (BASE_A) + c * CHUNK_WORDS;                                           \
+        uint cb0_ = (BASE_B) + c * CHUNK_WORDS;                                           \
         vec4 sa_ = vec4(0.0);                                                             \
         vec4 sb_ = vec4(0.0);                                                             \
         vec4 sx_ = vec4(0.0);                                                             \
         FOR_EACH_QUAD2(BA, ca0_, BB, cb0_,                                                \
-            QUAD_TOKEN(0u, x)                                                             \
-            if (TB > 1u) QUAD_TOKEN(1u, y)                                                \
-            if (TB > 2u) QUAD_TOKEN(2u, z)                                                \
-            if (TB > 3u) QUAD_TOKEN(3u, w)                                                \
+            QUAD_TOKEN(xs0_, x)                                                           \
+            if (TB > 1u) QUAD_TOKEN(xs1_, y)                                              \
+            if (TB > 2u) QUAD_TOKEN(xs2_, z)                                              \
+            if (TB > 3u) QUAD_TOKEN(xs3_, w)                                              \
         ,                                                                                 \
-            acc_a = fma(vec4(da), sa_, acc_a);                                            \
-            acc_b = fma(vec4(db), sb_, acc_b);                                            \
+            ACC_A = fma(vec4(da), sa_, ACC_A);                                            \
+            ACC_B = fma(vec4(db), sb_, ACC_B);                                            \
             if (QUANT_HAS_MIN) {                                                          \
-                acc_a = fma(vec4(ma), sx_, acc_a);                                        \
-                acc_b = fma(vec4(mb), sx_, acc_b);                                        \
+                ACC_A = fma(vec4(ma), sx_, ACC_A);                                        \
+                ACC_B = fma(vec4(mb), sx_, ACC_B);                                        \
                 sx_ = vec4(0.0);                                                          \
             }                                                                             \
             sa_ = vec4(0.0);                                                              \
             sb_ = vec4(0.0);                                                              \
         )                                                                                 \
     }
+
+// Chunk c of pair P into its accumulators, through the binding(s) of the view.
+#define PAIR_CHUNK(P, ACC_A, ACC_B)                                                       \
+    if (OUT_MODE == OUT_GLU) {                                                            \
+        CHUNK_DOT(w0, P.base_a, w1, P.base_b, ACC_A, ACC_B)                               \
+    } else if (N_VIEWS == 1u || W_SHARED || view == 0u) {                                 \
+        CHUNK_DOT(w0, P.base_a, w0, P.base_b, ACC_A, ACC_B)                               \
+    } else if (N_VIEWS == 2u || view == 1u) {                                             \
+        CHUNK_DOT(w1, P.base_a, w1, P.base_b, ACC_A, ACC_B)                               \
+    } else {                                                                              \
+        CHUNK_DOT(w2, P.base_a, w2, P.base_b, ACC_A, ACC_B)                               \
+    }
+
+// Row pairs an invocation computes in lockstep (1..4), sharing each chunk's input quads.
+layout(constant_id = 8) const uint GROUP = 2u;
+
+// The two rows of pair p of a view: global rows, whether each exists, and where they
+// start in the weight binding (a missing row reads row 0 and is not stored).
+struct Pair {
+    uint ra;
+    uint rb;
+    bool a_ok;
+    bool b_ok;
+    uint base_a;
+    uint base_b;
+};
+
+Pair pair_rows(uint p, uint nrows, uint wofs, bool exists) {
+    Pair r;
+    if (OUT_MODE == OUT_GLU) {
+        r.ra = p;
+        r.rb = p;
+    } else if (OUT_MODE == OUT_QKV && ROPE_NEOX != 0u) {
+        uint half_dim = pc.head_dim / 2u;
+        r.ra = (p / half_dim) * pc.head_dim + p % half_dim;
+        r.rb = r.ra + half_dim;
+    } else {
+        r.ra = 2u * p;
+        r.rb = r.ra + 1u;
+    }
+    r.a_ok = exists && r.ra < nrows;
+    r.b_ok = r.a_ok && r.rb < nrows;
+    uint row_words = (pc.ncols / 64u) * CHUNK_WORDS;
+    r.base_a = wofs + (r.a_ok ? r.ra : 0u) * row_words;
+    // Glu: row rb of up lies at up's own word offset (slot 1)
+    r.base_b = (OUT_MODE == OUT_GLU ? pc.wofs[1] : wofs) + (r.b_ok ? r.rb : 0u) * row_words;
+    return r;
+}
+
+// Scales pair P's sums by each token's 1/rms and writes them as OUT_MODE says.
+void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow, uint t0) {
+    if (!P.a_ok) {
+        return;
+    }
+    uint ga = orow + P.ra;  // global rows
+    uint gb = orow + P.rb;
+    bool b_ok = P.b_ok;
+    for (uint t = 0u; t < TB; t++) {
+        uint tt = t0 + t;
+        if (tt >= pc.n_tok) {
+            break;
+        }
+        float a = acc_a[t] * scale[t];
+        float b = acc_b[t] * scale[t];
+        uint o = tt * pc.out_ld;
+        if (OUT_MODE == OUT_STORE) {
+            out0[o + ga] = a;
+            if (b_ok) out0[o + gb] = b;
+        } else if (OUT_MODE == OUT_ADD) {
+            float xa = out0[o + ga] + a;
+            out0[o + ga] = xa;
+            if (pc.write_xg != 0u) out1[o + ga] = xa * aux[pc.aux_ofs + ga];
+            if (b_ok) {
+                float xb = out0[o + gb] + b;
+                out0[o + gb] = xb;
+                if (pc.write_xg != 0u) out1[o + gb] = xb * aux[pc.aux_ofs + gb];
+            }
+        } else if (OUT_MODE == OUT_GLU) {
+            out0[o + ga] = swiglu(a, b);
+        } else { // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
+            uint pos0 = step_pos0;
+            uint hd = ga % pc.head_dim;
+            uint fi = ROPE_NEOX != 0u ? hd : hd / 2u;
+            if (view != 2u) {
+                vec2 r = rope_pair(a, b, float(pos0 + tt), step_freqs[fi]);
+                a = r.x;
+                b = r.y;
+            }
+            if (view == 0u) {
+                out0[o + ga] = a;
+                out0[o + gb] = b;
+            } else {
+                uint c = (pos0 + tt) * pc.kv_ld;
+                if (view == 1u) {
+                    out1[c + ga] = a;
+                    out1[c + gb] = b;
+                } else {
+                    out2[c + ga] = a;
+                    out2[c + gb] = b;
+                }
+            }
+        }
+    }
+}
 
 void main() {
     uint wg = gl_WorkGroupID.x;
@@ -121,8 +239,6 @@ void main() {
     uint wofs = pc.wofs[view];
     uint t0 = gl_WorkGroupID.y * TB;
     uint nchunks = pc.ncols / 64u;
-    uint row_words = nchunks * CHUNK_WORDS;
-    uint pos0 = step_pos0;
 
     // 1/rms of each token's residual (1 without the norm)
     vec4 scale = vec4(1.0);
@@ -133,87 +249,34 @@ void main() {
         if (TB > 3u) { scale.w = rms_scale(x_row(3u)); }
     }
 
-    for (uint i = 0u; i < PAIRS; i++) {
+    for (uint i = 0u; i < PAIRS; i += GROUP) {
         uint p = (tile * PAIRS + i) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-        uint ra;
-        uint rb;
-        if (OUT_MODE == OUT_GLU) {
-            ra = p;
-            rb = p;
-        } else if (OUT_MODE == OUT_QKV && ROPE_NEOX != 0u) {
-            uint half_dim = pc.head_dim / 2u;
-            ra = (p / half_dim) * pc.head_dim + p % half_dim;
-            rb = ra + half_dim;
-        } else {
-            ra = 2u * p;
-            rb = ra + 1u;
+        uint step = gl_WorkGroupSize.x;
+        Pair p0 = pair_rows(p, nrows, wofs, true);
+        Pair p1 = pair_rows(p + step, nrows, wofs, GROUP > 1u && i + 1u < PAIRS);
+        Pair p2 = pair_rows(p + 2u * step, nrows, wofs, GROUP > 2u && i + 2u < PAIRS);
+        Pair p3 = pair_rows(p + 3u * step, nrows, wofs, GROUP > 3u && i + 3u < PAIRS);
+        vec4 acc_a0 = vec4(0.0);
+        vec4 acc_b0 = vec4(0.0);
+        vec4 acc_a1 = vec4(0.0);
+        vec4 acc_b1 = vec4(0.0);
+        vec4 acc_a2 = vec4(0.0);
+        vec4 acc_b2 = vec4(0.0);
+        vec4 acc_a3 = vec4(0.0);
+        vec4 acc_b3 = vec4(0.0);
+        for (uint c = 0u; c < nchunks; c++) {
+            LOAD_XS(xs0_, 0u, c * 16u)
+            LOAD_XS(xs1_, 1u, c * 16u)
+            LOAD_XS(xs2_, 2u, c * 16u)
+            LOAD_XS(xs3_, 3u, c * 16u)
+            PAIR_CHUNK(p0, acc_a0, acc_b0)
+            if (GROUP > 1u) PAIR_CHUNK(p1, acc_a1, acc_b1)
+            if (GROUP > 2u) PAIR_CHUNK(p2, acc_a2, acc_b2)
+            if (GROUP > 3u) PAIR_CHUNK(p3, acc_a3, acc_b3)
         }
-        if (ra >= nrows) {
-            continue;
-        }
-        bool b_ok = rb < nrows;
-        uint base_a = wofs + ra * row_words;
-        // Glu: row rb of up lies at up's own word offset (slot 1)
-        uint base_b = (OUT_MODE == OUT_GLU ? pc.wofs[1] : wofs) + (b_ok ? rb : ra) * row_words;
-
-        vec4 acc_a = vec4(0.0);
-        vec4 acc_b = vec4(0.0);
-        if (OUT_MODE == OUT_GLU) {
-            PAIR_DOT(w0, base_a, w1, base_b)
-        } else if (N_VIEWS == 1u || view == 0u) {
-            PAIR_DOT(w0, base_a, w0, base_b)
-        } else if (N_VIEWS == 2u || view == 1u) {
-            PAIR_DOT(w1, base_a, w1, base_b)
-        } else {
-            PAIR_DOT(w2, base_a, w2, base_b)
-        }
-
-        uint ga = orow + ra;  // global rows
-        uint gb = orow + rb;
-        for (uint t = 0u; t < TB; t++) {
-            uint tt = t0 + t;
-            if (tt >= pc.n_tok) {
-                break;
-            }
-            float a = acc_a[t] * scale[t];
-            float b = acc_b[t] * scale[t];
-            uint o = tt * pc.out_ld;
-            if (OUT_MODE == OUT_STORE) {
-                out0[o + ga] = a;
-                if (b_ok) out0[o + gb] = b;
-            } else if (OUT_MODE == OUT_ADD) {
-                float xa = out0[o + ga] + a;
-                out0[o + ga] = xa;
-                if (pc.write_xg != 0u) out1[o + ga] = xa * aux[pc.aux_ofs + ga];
-                if (b_ok) {
-                    float xb = out0[o + gb] + b;
-                    out0[o + gb] = xb;
-                    if (pc.write_xg != 0u) out1[o + gb] = xb * aux[pc.aux_ofs + gb];
-                }
-            } else if (OUT_MODE == OUT_GLU) {
-                out0[o + ga] = swiglu(a, b);
-            } else { // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
-                uint hd = ga % pc.head_dim;
-                uint fi = ROPE_NEOX != 0u ? hd : hd / 2u;
-                if (view != 2u) {
-                    vec2 r = rope_pair(a, b, float(pos0 + tt), step_freqs[fi]);
-                    a = r.x;
-                    b = r.y;
-                }
-                if (view == 0u) {
-                    out0[o + ga] = a;
-                    out0[o + gb] = b;
-                } else {
-                    uint c = (pos0 + tt) * pc.kv_ld;
-                    if (view == 1u) {
-                        out1[c + ga] = a;
-                        out1[c + gb] = b;
-                    } else {
-                        out2[c + ga] = a;
-                        out2[c + gb] = b;
-                    }
-                }
-            }
-        }
+        store_pair(p0, acc_a0, acc_b0, scale, view, orow, t0);
+        if (GROUP > 1u) store_pair(p1, acc_a1, acc_b1, scale, view, orow, t0);
+        if (GROUP > 2u) store_pair(p2, acc_a2, acc_b2, scale, view, orow, t0);
+        if (GROUP > 3u) store_pair(p3, acc_a3, acc_b3, scale, view, orow, t0);
     }
 }

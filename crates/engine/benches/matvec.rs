@@ -136,9 +136,11 @@ fn matvec(c: &mut Criterion) {
                 out_mode: OutMode::Store,
                 neox: false,
                 n_views: 1,
+                shared_w: false,
                 wg: DECODE_SHAPE.wg,
                 pairs: DECODE_SHAPE.pairs,
                 tb: DECODE_SHAPE.tb,
+                group: DECODE_SHAPE.group,
             };
             let p = ks.matmul(key).expect("matmul pipeline");
             let set = p

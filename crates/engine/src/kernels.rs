@@ -133,12 +133,18 @@ pub struct MatmulKey {
     pub out_mode: OutMode,
     pub neox: bool,
     pub n_views: u32,
+    /// Every view is read through binding 0 (at its own word offset): spares the
+    /// per-view branches, which lavapipe executes for every view (masked), not just the
+    /// workgroup's own.
+    pub shared_w: bool,
     /// Invocations per workgroup.
     pub wg: u32,
     /// Row pairs per invocation.
     pub pairs: u32,
     /// Tokens per invocation.
     pub tb: u32,
+    /// Row pairs computed in lockstep, sharing each input fetch (1..4, divides `pairs`).
+    pub group: u32,
 }
 
 impl MatmulKey {
@@ -343,6 +349,8 @@ impl Kernels {
                         key.out_mode as u32,
                         u32::from(key.neox),
                         key.n_views,
+                        u32::from(key.shared_w),
+                        key.group,
                     ],
                 },
                 &MATMUL_KINDS,

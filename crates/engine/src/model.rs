@@ -22,12 +22,17 @@ use crate::residency::{TensorView, ViewPart, Weights};
 use crate::session::Activations;
 use crate::EngineError;
 
+/// A texel view spanning several weight parts, and each part's byte offset inside it.
+type SpanningView = (Arc<BufferView>, Vec<u64>);
+
 /// Workgroup shape of one kind of batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulShape {
     pub wg: u32,
     pub pairs: u32,
     pub tb: u32,
+    /// Row pairs in lockstep (see [`MatmulKey::group`]).
+    pub group: u32,
 }
 
 /// One token at a time (decode) vs a batch of prompt tokens (prefill).
@@ -38,17 +43,22 @@ pub enum Batch {
 }
 
 /// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
-/// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0).
+/// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
+/// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs; four pairs measured no
+/// faster and doubled the pipelines' compile time).
 pub const DECODE_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 8,
     tb: 1,
+    group: 2,
 };
-/// Prefill: each weight chunk loaded is used for 4 tokens.
+/// Prefill: each weight chunk loaded is used for 4 tokens (two pairs in lockstep: about
+/// 60 against 50 tok/s over a 200-token prompt).
 pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 4,
     tb: 4,
+    group: 2,
 };
 
 /// One `matmul.comp` dispatch (per batch kind the pipeline differs only in shape).
@@ -60,6 +70,8 @@ pub struct MatmulCall {
     pub in_mode: InMode,
     pub out_mode: OutMode,
     pub n_views: u32,
+    /// All views read through binding 0 (see [`MatmulKey::shared_w`]).
+    pub shared_w: bool,
     pub ncols: u32,
     pub x_ld: u32,
     pub out_ld: u32,
@@ -184,6 +196,64 @@ impl Views {
         self.all.push(Arc::clone(&v));
         Ok(v)
     }
+
+    /// One texel view spanning every part of `parts` (each with its tensor's row bytes),
+    /// and each part's byte offset inside it; `None` when they lie in different buffers
+    /// or the span exceeds `maxTexelBufferElements`.
+    fn spanning(
+        &mut self,
+        ty: GgmlType,
+        parts: &[(&ViewPart, u64)],
+    ) -> Result<Option<SpanningView>, EngineError> {
+        let Some(&(first, _)) = parts.first() else {
+            return Ok(None);
+        };
+        if parts
+            .iter()
+            .any(|(p, _)| p.binding.buffer != first.binding.buffer)
+        {
+            return Ok(None);
+        }
+        let format = kernels::weight_texel_format(ty);
+        let texel = format_bytes(format);
+        let (align, max_texels) = self.ctx.texel_limits();
+        let start = parts
+            .iter()
+            .map(|(p, _)| p.binding.offset)
+            .min()
+            .unwrap_or(0);
+        let start = start - start % align.max(1);
+        let end = parts
+            .iter()
+            .map(|(p, rb)| p.binding.offset + p.byte_offset + p.n_rows * rb)
+            .max()
+            .unwrap_or(start);
+        let texels = (end - start).div_ceil(texel);
+        if texels > u64::from(max_texels) {
+            return Ok(None);
+        }
+        // whole texels, none past the end of the parts' own bindings
+        let limit = parts
+            .iter()
+            .map(|(p, _)| p.binding.offset + p.binding.range)
+            .max()
+            .unwrap_or(start);
+        if start + texels * texel > limit {
+            return Ok(None);
+        }
+        let binding = BufferBinding {
+            buffer: first.binding.buffer,
+            offset: start,
+            range: texels * texel,
+        };
+        let v = Arc::new(BufferView::new(&self.ctx, binding, format)?);
+        self.all.push(Arc::clone(&v));
+        let offsets = parts
+            .iter()
+            .map(|(p, _)| p.binding.offset - start + p.byte_offset)
+            .collect();
+        Ok(Some((v, offsets)))
+    }
 }
 
 /// The matmul pipeline key of `call` for a batch kind.
@@ -193,6 +263,7 @@ pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) ->
         call.in_mode,
         call.out_mode,
         call.n_views,
+        call.shared_w,
         call.last_token_only,
         call.ncols,
         batch,
@@ -207,6 +278,7 @@ fn key_of(
     in_mode: InMode,
     out_mode: OutMode,
     n_views: u32,
+    shared_w: bool,
     last_token_only: bool,
     ncols: u32,
     batch: Batch,
@@ -230,9 +302,11 @@ fn key_of(
         out_mode,
         neox: qkv_neox,
         n_views,
+        shared_w,
         wg: shape.wg,
         pairs,
         tb: shape.tb,
+        group: shape.group.min(pairs),
     }
 }
 
@@ -633,16 +707,36 @@ fn matmul_calls(
             Arc::clone(&views.dummy_w),
         ];
         let mut slots = Vec::new();
-        for &(s, v, i) in group {
+        // q, k and v through one binding when one texel view can span all three
+        let shared = if group.len() > 1 && spec.out_mode != OutMode::Glu {
+            let parts: Vec<(&ViewPart, u64)> = group
+                .iter()
+                .map(|&(_, v, i)| (&v.parts[i], v.row_bytes))
+                .collect();
+            views.spanning(group[0].1.ty, &parts)?
+        } else {
+            None
+        };
+        for (k, &(s, v, i)) in group.iter().enumerate() {
             let p = &v.parts[i];
-            w[s] = views.weights(v.ty, p, v.row_bytes)?;
+            let wofs = match &shared {
+                Some((view, ofs)) => {
+                    w[0] = Arc::clone(view);
+                    ofs[k] / 4
+                }
+                None => {
+                    w[s] = views.weights(v.ty, p, v.row_bytes)?;
+                    p.byte_offset / 4
+                }
+            };
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,
-                wofs: to_u32(p.byte_offset / 4, "weight offset")?,
+                wofs: to_u32(wofs, "weight offset")?,
                 orow: to_u32(p.first_row, "first row")?,
             });
         }
+        let shared_w = shared.is_some();
         let o = |i: usize| spec.outs[i].unwrap_or(dummy);
         let bindings = [
             Descriptor::Texel(&w[0]),
@@ -669,6 +763,7 @@ fn matmul_calls(
                     spec.in_mode,
                     spec.out_mode,
                     spec.n_views,
+                    shared_w,
                     spec.last_token_only,
                     to_u32(ncols, "columns")?,
                     Batch::Decode,
@@ -683,6 +778,7 @@ fn matmul_calls(
             in_mode: spec.in_mode,
             out_mode: spec.out_mode,
             n_views: spec.n_views,
+            shared_w,
             ncols: to_u32(ncols, "columns")?,
             x_ld: to_u32(spec.x_ld as u64, "x stride")?,
             out_ld: to_u32(spec.out_ld as u64, "out stride")?,

@@ -133,9 +133,12 @@ fn key(
         out_mode,
         neox,
         n_views,
+        shared_w: false,
         wg: 8,
         pairs: 4,
         tb,
+        // as the engine's shapes: decode shares input fetches between two row pairs
+        group: if tb == 1 { 2 } else { 1 },
     }
 }
 
@@ -178,8 +181,18 @@ fn matmul_store_and_add_match_reference_for_every_type() {
         let mut want = vec![0.0; n_tok * rows];
         rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
         let init = rng.vec(n_tok * rows, 1.0);
-        for (out_mode, tb) in [(OutMode::Store, 1), (OutMode::Store, 4), (OutMode::Add, 4)] {
-            let k = key(ty, InMode::Plain, out_mode, false, 1, tb);
+        for (out_mode, tb, group) in [
+            (OutMode::Store, 1, 1),
+            (OutMode::Store, 1, 2),
+            (OutMode::Store, 4, 1),
+            (OutMode::Store, 4, 4),
+            (OutMode::Add, 4, 1),
+            (OutMode::Add, 1, 2),
+        ] {
+            let k = MatmulKey {
+                group,
+                ..key(ty, InMode::Plain, out_mode, false, 1, tb)
+            };
             let out = upload(&ctx, "out", &init);
             let xg = zeros(&ctx, "xg", n_tok * rows);
             let p = ks.matmul(k).unwrap();
@@ -226,7 +239,12 @@ fn matmul_store_and_add_match_reference_for_every_type() {
                         0.0
                     }
             };
-            assert_close(&format!("{ty:?} {out_mode:?} tb={tb}"), &got, &expect, tol);
+            assert_close(
+                &format!("{ty:?} {out_mode:?} tb={tb} group={group}"),
+                &got,
+                &expect,
+                tol,
+            );
             if out_mode == OutMode::Add {
                 let xg_want = times_g(&expect, &g[4..]);
                 let xg_got = read_f32(&xg, n_tok * rows);

@@ -400,7 +400,7 @@ impl Context {
 
     /// `(uniformTexelBufferOffsetAlignmentBytes or minTexelBufferOffsetAlignment,
     /// maxTexelBufferElements)`, read from the driver.
-    pub(crate) fn texel_limits(&self) -> (u64, u32) {
+    pub fn texel_limits(&self) -> (u64, u32) {
         // SAFETY: live instance and physical device.
         let props = unsafe {
             self.instance
