@@ -92,12 +92,14 @@ impl Recorder<'_> {
             n_heads: self.cfg.n_heads as u32,
             n_kv_heads: self.cfg.n_kv_heads as u32,
             head_dim: self.cfg.head_dim as u32,
-            ctx: self.ctx_len as u32,
             scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
-            pad: 0,
         };
+        let attention = self
+            .kernels
+            .attention_ref(push.head_dim)
+            .ok_or_else(|| missing("attention"))?;
         self.cmd.dispatch(
-            &self.kernels.attention,
+            attention,
             &layer.attention,
             bytemuck::bytes_of(&push),
             [self.cfg.n_heads as u32, self.n_tok, 1],

@@ -88,12 +88,9 @@ pub struct AttentionPush {
     pub n_heads: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
-    /// Positions the cache holds (row stride of the score scratch).
-    pub ctx: u32,
     pub scale: f32,
-    pub pad: u32,
 }
-const _: () = assert!(std::mem::size_of::<AttentionPush>() == 24);
+const _: () = assert!(std::mem::size_of::<AttentionPush>() == 16);
 
 /// Push constants of `argmax.comp`.
 #[repr(C)]
@@ -271,18 +268,20 @@ pub const EMBED_KINDS: [DescriptorKind; 7] = [
     DescriptorKind::StorageBuffer,
     DescriptorKind::StorageBuffer,
 ];
-/// Bindings of `attention.comp`: q, k cache, v cache, scores, out, step.
-pub const ATTENTION_BINDINGS: u32 = 6;
-/// Descriptor kinds of `attention.comp`: the caches are RGBA32F texel buffers (so the head
-/// dimension must be a multiple of 4).
-pub const ATTENTION_KINDS: [DescriptorKind; 6] = [
-    DescriptorKind::StorageBuffer,
+/// Bindings of `attention.comp`: q, k cache, v cache, out, step.
+pub const ATTENTION_BINDINGS: u32 = 5;
+/// Descriptor kinds of `attention.comp`: q and the caches are RGBA32F texel buffers (so
+/// the head dimension must be a multiple of 4).
+pub const ATTENTION_KINDS: [DescriptorKind; 5] = [
     DescriptorKind::UniformTexelBuffer,
     DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::StorageBuffer,
+    DescriptorKind::UniformTexelBuffer,
     DescriptorKind::StorageBuffer,
     DescriptorKind::StorageBuffer,
 ];
+/// Largest head dimension `attention.comp` is built for (it keeps q and the running
+/// output of a head in registers).
+pub const ATTENTION_MAX_HEAD_DIM: u32 = 256;
 /// Bindings of `argmax.comp`: logits, result.
 pub const ARGMAX_BINDINGS: u32 = 2;
 
@@ -298,22 +297,13 @@ pub struct Kernels {
     ctx: Arc<vk::Context>,
     matmul: HashMap<MatmulKey, Pipeline>,
     embed: HashMap<GgmlType, Pipeline>,
-    pub attention: Pipeline,
+    /// Per head dimension.
+    attention: HashMap<u32, Pipeline>,
     pub argmax: Pipeline,
 }
 
 impl Kernels {
     pub fn new(ctx: &Arc<vk::Context>) -> Result<Kernels, EngineError> {
-        let attention = Pipeline::with_kinds(
-            ctx,
-            &PipelineDesc {
-                kernel: Kernel::Attention,
-                n_bindings: ATTENTION_BINDINGS,
-                push_size: std::mem::size_of::<AttentionPush>() as u32,
-                spec: vec![ATTENTION_WG],
-            },
-            &ATTENTION_KINDS,
-        )?;
         let argmax = Pipeline::new(
             ctx,
             &PipelineDesc {
@@ -327,9 +317,38 @@ impl Kernels {
             ctx: Arc::clone(ctx),
             matmul: HashMap::new(),
             embed: HashMap::new(),
-            attention,
+            attention: HashMap::new(),
             argmax,
         })
+    }
+
+    /// The attention pipeline for heads of `head_dim` (a multiple of 4, at most
+    /// [`ATTENTION_MAX_HEAD_DIM`]), created on first request.
+    pub fn attention(&mut self, head_dim: u32) -> Result<&Pipeline, EngineError> {
+        if head_dim == 0 || !head_dim.is_multiple_of(4) || head_dim > ATTENTION_MAX_HEAD_DIM {
+            return Err(EngineError::Unsupported(format!(
+                "head dimension {head_dim}: the attention kernel needs a multiple of 4 up to {ATTENTION_MAX_HEAD_DIM}"
+            )));
+        }
+        if !self.attention.contains_key(&head_dim) {
+            let p = Pipeline::with_kinds(
+                &self.ctx,
+                &PipelineDesc {
+                    kernel: Kernel::Attention,
+                    n_bindings: ATTENTION_BINDINGS,
+                    push_size: std::mem::size_of::<AttentionPush>() as u32,
+                    spec: vec![ATTENTION_WG, head_dim / 4],
+                },
+                &ATTENTION_KINDS,
+            )?;
+            self.attention.insert(head_dim, p);
+        }
+        Ok(&self.attention[&head_dim])
+    }
+
+    /// An attention pipeline created earlier by [`Kernels::attention`].
+    pub fn attention_ref(&self, head_dim: u32) -> Option<&Pipeline> {
+        self.attention.get(&head_dim)
     }
 
     /// The matmul pipeline for `key`, created on first request.

@@ -128,6 +128,7 @@ struct Views {
     /// RGBA32F views of the activations read as matmul input.
     x: Arc<BufferView>,
     xg: Arc<BufferView>,
+    q: Arc<BufferView>,
     att_out: Arc<BufferView>,
     hb: Arc<BufferView>,
     all: Vec<Arc<BufferView>>,
@@ -144,10 +145,12 @@ impl Views {
             TexelFormat::R32Uint,
         )?);
         let (x, xg, att_out, hb) = (f(&acts.x)?, f(&acts.xg)?, f(&acts.att_out)?, f(&acts.hb)?);
+        let q = f(&acts.q)?;
         let all = vec![
             Arc::clone(&dummy_w),
             Arc::clone(&x),
             Arc::clone(&xg),
+            Arc::clone(&q),
             Arc::clone(&att_out),
             Arc::clone(&hb),
         ];
@@ -156,6 +159,7 @@ impl Views {
             dummy_w,
             x,
             xg,
+            q,
             att_out,
             hb,
             all,
@@ -491,11 +495,10 @@ impl GpuModel {
                 last_token_only: false,
             };
             let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
-            let attention = kernels.attention.descriptor_set_with(&[
-                Descriptor::Buffer(acts.q.binding()),
+            let attention = kernels.attention(head_dim)?.descriptor_set_with(&[
+                Descriptor::Texel(&views.q),
                 Descriptor::Texel(&kc4),
                 Descriptor::Texel(&vc4),
-                Descriptor::Buffer(acts.scores.binding()),
                 Descriptor::Buffer(acts.att_out.binding()),
                 Descriptor::Buffer(acts.step.binding()),
             ])?;

@@ -96,8 +96,6 @@ pub struct Activations {
     pub att_out: Buffer,
     /// [B][hidden_dim] silu(gate)·up (input of ffn_down)
     pub hb: Buffer,
-    /// [B][n_heads][C] attention scores / weights scratch
-    pub scores: Buffer,
     /// per layer: [C][kv_dim] keys after rope
     pub key_cache: Vec<Buffer>,
     /// per layer: [C][kv_dim] values
@@ -150,11 +148,6 @@ impl Activations {
             q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
             att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
             hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
-            scores: buf(
-                "scores",
-                b * cfg.n_heads as u64 * ctx_len as u64 * f,
-                MemLocation::GpuOnly,
-            )?,
             key_cache,
             value_cache,
             logits: buf("logits", cfg.vocab_size as u64 * f, MemLocation::GpuToCpu)?,

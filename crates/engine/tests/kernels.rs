@@ -683,75 +683,81 @@ fn embedding_gather_matches_reference_for_every_type() {
     assert_no_validation_errors(&ctx);
 }
 
-/// Causal GQA attention of a batch over the cache.
+/// Causal GQA attention of a batch over the cache: fewer positions than lanes (lanes with
+/// nothing to do), and many (each lane's running maximum grows and rescales its sums).
 #[test]
 fn attention_matches_reference() {
     let Some(ctx) = ctx() else { return };
-    let ks = Kernels::new(&ctx).unwrap();
+    let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(6);
-    let (n_heads, n_kv, hd, ctx_len, pos0, n_tok) = (6, 2, 32, 40, 17u32, 3);
-    let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
-    let q = rng.vec(n_tok * q_dim, 2.0);
-    let kc = rng.vec(ctx_len * kv_dim, 2.0);
-    let vc = rng.vec(ctx_len * kv_dim, 1.0);
-    let (qb, kb, vb) = (
-        upload(&ctx, "q", &q),
-        upload(&ctx, "k", &kc),
-        upload(&ctx, "v", &vc),
-    );
-    let scores = zeros(&ctx, "scores", n_tok * n_heads * ctx_len);
-    let out = zeros(&ctx, "out", n_tok * q_dim);
-    let step = step_buffer(&ctx, pos0, &[], &[]);
-    let (kv4, vv4) = (xview(&ctx, &kb), xview(&ctx, &vb));
-    let set = ks
-        .attention
-        .descriptor_set_with(&[
-            Descriptor::Buffer(qb.binding()),
-            Descriptor::Texel(&kv4),
-            Descriptor::Texel(&vv4),
-            Descriptor::Buffer(scores.binding()),
-            Descriptor::Buffer(out.binding()),
-            Descriptor::Buffer(step.binding()),
-        ])
-        .unwrap();
-    let push = AttentionPush {
-        n_heads: n_heads as u32,
-        n_kv_heads: n_kv as u32,
-        head_dim: hd as u32,
-        ctx: ctx_len as u32,
-        scale: 1.0 / (hd as f32).sqrt(),
-        pad: 0,
-    };
-    run(
-        &ctx,
-        &ks.attention,
-        &set,
-        bytemuck::bytes_of(&push),
-        [n_heads as u32, n_tok as u32, 1],
-    );
-    let got = read_f32(&out, n_tok * q_dim);
-    for t in 0..n_tok {
-        let n_pos = pos0 as usize + t + 1;
-        let mut want = vec![0.0; q_dim];
-        rk::attention(
-            &q[t * q_dim..(t + 1) * q_dim],
-            &kc,
-            &vc,
-            n_heads,
-            n_kv,
-            hd,
-            n_pos,
-            &mut want,
+    for (n_heads, n_kv, hd, ctx_len, pos0, n_tok) in [
+        (6, 2, 32, 40, 17u32, 3),
+        (9, 3, 64, 300, 2, 2),
+        (4, 4, 16, 300, 250, 4),
+    ] {
+        let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
+        let q = rng.vec(n_tok * q_dim, 2.0);
+        let kc = rng.vec(ctx_len * kv_dim, 2.0);
+        let vc = rng.vec(ctx_len * kv_dim, 1.0);
+        let (qb, kb, vb) = (
+            upload(&ctx, "q", &q),
+            upload(&ctx, "k", &kc),
+            upload(&ctx, "v", &vc),
         );
-        // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5 relative after exp)
-        // into a convex combination of values bounded by 1: 1e-5 absolute
-        assert_close(
-            &format!("attention token {t}"),
-            &got[t * q_dim..(t + 1) * q_dim],
-            &want,
-            |_| 1e-5,
+        let out = zeros(&ctx, "out", n_tok * q_dim);
+        let step = step_buffer(&ctx, pos0, &[], &[]);
+        let (qv4, kv4, vv4) = (xview(&ctx, &qb), xview(&ctx, &kb), xview(&ctx, &vb));
+        let p = ks.attention(hd as u32).unwrap();
+        let set = p
+            .descriptor_set_with(&[
+                Descriptor::Texel(&qv4),
+                Descriptor::Texel(&kv4),
+                Descriptor::Texel(&vv4),
+                Descriptor::Buffer(out.binding()),
+                Descriptor::Buffer(step.binding()),
+            ])
+            .unwrap();
+        let push = AttentionPush {
+            n_heads: n_heads as u32,
+            n_kv_heads: n_kv as u32,
+            head_dim: hd as u32,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        run(
+            &ctx,
+            p,
+            &set,
+            bytemuck::bytes_of(&push),
+            [n_heads as u32, n_tok as u32, 1],
         );
+        let got = read_f32(&out, n_tok * q_dim);
+        for t in 0..n_tok {
+            let n_pos = pos0 as usize + t + 1;
+            let mut want = vec![0.0; q_dim];
+            rk::attention(
+                &q[t * q_dim..(t + 1) * q_dim],
+                &kc,
+                &vc,
+                n_heads,
+                n_kv,
+                hd,
+                n_pos,
+                &mut want,
+            );
+            // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5 relative
+            // after exp) into a convex combination of values bounded by 1: 1e-5 absolute
+            assert_close(
+                &format!("attention hd={hd} pos0={pos0} token {t}"),
+                &got[t * q_dim..(t + 1) * q_dim],
+                &want,
+                |_| 1e-5,
+            );
+        }
     }
+    assert!(
+        ks.attention(6).is_err() && ks.attention(512).is_err(),
+        "head dimensions the kernel cannot hold are refused"
+    );
     drop(ks);
     assert_no_validation_errors(&ctx);
 }
