@@ -1,4 +1,4 @@
-// variants: q8_0=-DWTYPE_Q8_0 q4_0=-DWTYPE_Q4_0 q4_1=-DWTYPE_Q4_1 f16=-DWTYPE_F16 f32=-DWTYPE_F32
+// variants: q8_0=-DWTYPE_Q8_0 q4_0=-DWTYPE_Q4_0 q4_1=-DWTYPE_Q4_1 f16=-DWTYPE_F16 f32=-DWTYPE_F32 q8_0_split=-DWTYPE_Q8_0,-DCOLUMN_SPLIT q4_0_split=-DWTYPE_Q4_0,-DCOLUMN_SPLIT q4_1_split=-DWTYPE_Q4_1,-DCOLUMN_SPLIT f16_split=-DWTYPE_F16,-DCOLUMN_SPLIT f32_split=-DWTYPE_F32,-DCOLUMN_SPLIT
 #version 450
 // Y = W · X for a batch of tokens (decode: one token), W read in place from GGUF blocks.
 // CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
@@ -13,11 +13,26 @@
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
 //   owns workgroups, each reading up at the same rows.
 //
+// Column split (the `_split` variants, COLUMN_SPLIT: one token per workgroup, the workgroup
+// one subgroup, SPLIT_CHUNKS the chunks per row): lanes share each row instead of owning
+// rows. Lane l takes chunks l, l + WG, ... of every row: the chunks WG lanes fetch
+// together are contiguous, so the weights stream through memory in order, which the
+// CPU's prefetchers need under lavapipe (about twice the GB/s of row-per-lane, where WG
+// rows 600+ bytes apart are read side by side). Each lane keeps the input of its own
+// chunks for the whole dispatch, and a row's sum is one subgroupAdd. The chunks past the
+// last multiple of WG (SPLIT_CHUNKS % WG) are read row-per-lane afterwards: a workgroup
+// takes WG pairs at a time, and lane j finishes and stores pair j. It is a variant of its
+// own, not a branch on a specialization constant: lavapipe compiled the dead branch
+// anyway (+34 MiB of RssAnon, ~1 s more load).
+//
 // rmsnorm is folded without a pass of its own: W·(x/rms(x)∘g) = (W·(x∘g)) / rms(x). The
 // dispatch that writes the residual x (OUT_ADD, or the embedding) also writes xg = x∘g for
 // the next norm weight g; an IN_RMSNORM dispatch reads xg as X, takes rms from the raw x
 // (XR) once per token, and scales its sums at the end.
 #extension GL_GOOGLE_include_directive : require
+#if defined(COLUMN_SPLIT)
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 
 #include "quant.glsl"
 #include "step.glsl"
@@ -26,6 +41,7 @@
 #include "matmul_push.glsl"
 
 layout(local_size_x_id = 0) in;
+const uint WG = gl_WorkGroupSize.x;
 layout(constant_id = 1) const uint PAIRS = 4u;    // row pairs per invocation
 layout(constant_id = 2) const uint TB = 1u;       // tokens per invocation, 1..4
 layout(constant_id = 3) const uint IN_MODE = 0u;  // 0 plain, 1 X = x∘g with 1/rms from XR
@@ -99,20 +115,21 @@ vec4 xq(uint t, uint q) {
         if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
     }
 
-// ACC_A, ACC_B (one component per token) += chunk c of the rows at words BASE_A of BA
-// and BASE_B of BB · X, the block scale applied per block.
-#define CHUNK_DOT(BA, BASE_A, BB, BASE_B, ACC_A, ACC_B)                                   \
+// ACC_A, ACC_B (one component per token) += chunk C of the rows at words BASE_A of BA
+// and BASE_B of BB · X (input quads X0..X3, one array per token), the block scale applied
+// per block.
+#define CHUNK_DOT(BA, BASE_A, BB, BASE_B, C, X0, X1, X2, X3, ACC_A, ACC_B)                \
     {                                                                                     \
-        uint ca0_ = (BASE_A) + c * CHUNK_WORDS;                                           \
-        uint cb0_ = (BASE_B) + c * CHUNK_WORDS;                                           \
+        uint ca0_ = (BASE_A) + (C) * CHUNK_WORDS;                                         \
+        uint cb0_ = (BASE_B) + (C) * CHUNK_WORDS;                                         \
         vec4 sa_ = vec4(0.0);                                                             \
         vec4 sb_ = vec4(0.0);                                                             \
         vec4 sx_ = vec4(0.0);                                                             \
         FOR_EACH_QUAD2(BA, ca0_, BB, cb0_,                                                \
-            QUAD_TOKEN(xs0_, x)                                                           \
-            if (TB > 1u) QUAD_TOKEN(xs1_, y)                                              \
-            if (TB > 2u) QUAD_TOKEN(xs2_, z)                                              \
-            if (TB > 3u) QUAD_TOKEN(xs3_, w)                                              \
+            QUAD_TOKEN(X0, x)                                                             \
+            if (TB > 1u) QUAD_TOKEN(X1, y)                                                \
+            if (TB > 2u) QUAD_TOKEN(X2, z)                                                \
+            if (TB > 3u) QUAD_TOKEN(X3, w)                                                \
         ,                                                                                 \
             ACC_A = fma(vec4(da), sa_, ACC_A);                                            \
             ACC_B = fma(vec4(db), sb_, ACC_B);                                            \
@@ -126,20 +143,24 @@ vec4 xq(uint t, uint q) {
         )                                                                                 \
     }
 
-// Chunk c of pair P into its accumulators, through the binding(s) of the view.
-#define PAIR_CHUNK(P, ACC_A, ACC_B)                                                       \
+// Chunk C of pair P into its accumulators, through the binding(s) of the view.
+#define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
     if (OUT_MODE == OUT_GLU) {                                                            \
-        CHUNK_DOT(w0, P.base_a, w1, P.base_b, ACC_A, ACC_B)                               \
+        CHUNK_DOT(w0, P.base_a, w1, P.base_b, C, X0, X1, X2, X3, ACC_A, ACC_B)            \
     } else if (N_VIEWS == 1u || W_SHARED || view == 0u) {                                 \
-        CHUNK_DOT(w0, P.base_a, w0, P.base_b, ACC_A, ACC_B)                               \
+        CHUNK_DOT(w0, P.base_a, w0, P.base_b, C, X0, X1, X2, X3, ACC_A, ACC_B)            \
     } else if (N_VIEWS == 2u || view == 1u) {                                             \
-        CHUNK_DOT(w1, P.base_a, w1, P.base_b, ACC_A, ACC_B)                               \
+        CHUNK_DOT(w1, P.base_a, w1, P.base_b, C, X0, X1, X2, X3, ACC_A, ACC_B)            \
     } else {                                                                              \
-        CHUNK_DOT(w2, P.base_a, w2, P.base_b, ACC_A, ACC_B)                               \
+        CHUNK_DOT(w2, P.base_a, w2, P.base_b, C, X0, X1, X2, X3, ACC_A, ACC_B)            \
     }
 
 // Row pairs an invocation computes in lockstep (1..4), sharing each chunk's input quads.
 layout(constant_id = 8) const uint GROUP = 2u;
+// Chunks (64 columns) per row when lanes split the columns (see the top); 0: lanes own rows.
+layout(constant_id = 9) const uint SPLIT_CHUNKS = 0u;
+const uint SPLIT_K = SPLIT_CHUNKS / WG;  // chunks per lane per row, 1..4 (unrolled below)
+const uint SPLIT_R = SPLIT_CHUNKS % WG;  // chunks left over, read row-per-lane
 
 // The two rows of pair p of a view: global rows, whether each exists, and where they
 // start in the weight binding (a missing row reads row 0 and is not stored).
@@ -230,16 +251,67 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
     }
 }
 
-void main() {
-    uint wg = gl_WorkGroupID.x;
-    uint view = wg < pc.tiles.x ? 0u : (wg < pc.tiles.y ? 1u : 2u);
-    uint tile = wg - (view == 0u ? 0u : (view == 1u ? pc.tiles.x : pc.tiles.y));
-    uint nrows = pc.nrows[view];
-    uint orow = pc.orow[view];
-    uint wofs = pc.wofs[view];
-    uint t0 = gl_WorkGroupID.y * TB;
-    uint nchunks = pc.ncols / 64u;
+#if defined(COLUMN_SPLIT)
+// rms_scale with the sum of squares shared by the lanes (column split).
+float rms_scale_split(uint row) {
+    uint base = row * (pc.x_ld / 4u);
+    float ss = 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < pc.ncols / 4u; i += WG) {
+        vec4 v = texelFetch(xr4, int(base + i));
+        ss = dot4(v, v, ss);
+    }
+    return inversesqrt(subgroupAdd(ss) / float(pc.ncols) + pc.eps);
+}
 
+// The column-split path (one token): see the top of the file.
+void split_main(uint view, uint tile, uint nrows, uint orow, uint wofs, uint t0) {
+    uint lane = gl_LocalInvocationID.x;
+    vec4 scale = vec4(1.0);  // 1/rms of the token's residual (1 without the norm)
+    if (IN_MODE == IN_RMSNORM) {
+        scale.x = rms_scale_split(x_row(0u));
+    }
+    // the input quads of the lane's chunks, fetched once for every row of the dispatch
+    LOAD_XS(xk0_, 0u, lane * 16u)
+    LOAD_XS(xk1_, (SPLIT_K > 1u ? 0u : 4u), (lane + WG) * 16u)
+    LOAD_XS(xk2_, (SPLIT_K > 2u ? 0u : 4u), (lane + 2u * WG) * 16u)
+    LOAD_XS(xk3_, (SPLIT_K > 3u ? 0u : 4u), (lane + 3u * WG) * 16u)
+    for (uint i = 0u; i < PAIRS; i++) {
+        uint pair0 = (tile * PAIRS + i) * WG;
+        // pair j's sums, kept by lane j
+        float own_a = 0.0;
+        float own_b = 0.0;
+        for (uint j = 0u; j < WG; j++) {
+            Pair P = pair_rows(pair0 + j, nrows, wofs, true);
+            vec4 acc_a = vec4(0.0);
+            vec4 acc_b = vec4(0.0);
+            PAIR_CHUNK(P, lane, xk0_, xk0_, xk0_, xk0_, acc_a, acc_b)
+            if (SPLIT_K > 1u) PAIR_CHUNK(P, lane + WG, xk1_, xk1_, xk1_, xk1_, acc_a, acc_b)
+            if (SPLIT_K > 2u) PAIR_CHUNK(P, lane + 2u * WG, xk2_, xk2_, xk2_, xk2_, acc_a, acc_b)
+            if (SPLIT_K > 3u) PAIR_CHUNK(P, lane + 3u * WG, xk3_, xk3_, xk3_, xk3_, acc_a, acc_b)
+            float sa = subgroupAdd(acc_a.x);
+            float sb = subgroupAdd(acc_b.x);
+            if (lane == j) {
+                own_a = sa;
+                own_b = sb;
+            }
+        }
+        // the left-over chunks of lane's own pair, row-per-lane
+        Pair P = pair_rows(pair0 + lane, nrows, wofs, true);
+        vec4 acc_a = vec4(own_a, 0.0, 0.0, 0.0);
+        vec4 acc_b = vec4(own_b, 0.0, 0.0, 0.0);
+        for (uint r = 0u; r < SPLIT_R; r++) {
+            uint c = SPLIT_K * WG + r;
+            LOAD_XS(xr_, 0u, c * 16u)
+            PAIR_CHUNK(P, c, xr_, xr_, xr_, xr_, acc_a, acc_b)
+        }
+        store_pair(P, acc_a, acc_b, scale, view, orow, t0);
+    }
+}
+
+#else
+// The row-per-lane path: see the top of the file.
+void rows_main(uint view, uint tile, uint nrows, uint orow, uint wofs, uint t0) {
+    uint nchunks = pc.ncols / 64u;
     // 1/rms of each token's residual (1 without the norm)
     vec4 scale = vec4(1.0);
     if (IN_MODE == IN_RMSNORM) {
@@ -269,14 +341,30 @@ void main() {
             LOAD_XS(xs1_, 1u, c * 16u)
             LOAD_XS(xs2_, 2u, c * 16u)
             LOAD_XS(xs3_, 3u, c * 16u)
-            PAIR_CHUNK(p0, acc_a0, acc_b0)
-            if (GROUP > 1u) PAIR_CHUNK(p1, acc_a1, acc_b1)
-            if (GROUP > 2u) PAIR_CHUNK(p2, acc_a2, acc_b2)
-            if (GROUP > 3u) PAIR_CHUNK(p3, acc_a3, acc_b3)
+            PAIR_CHUNK(p0, c, xs0_, xs1_, xs2_, xs3_, acc_a0, acc_b0)
+            if (GROUP > 1u) PAIR_CHUNK(p1, c, xs0_, xs1_, xs2_, xs3_, acc_a1, acc_b1)
+            if (GROUP > 2u) PAIR_CHUNK(p2, c, xs0_, xs1_, xs2_, xs3_, acc_a2, acc_b2)
+            if (GROUP > 3u) PAIR_CHUNK(p3, c, xs0_, xs1_, xs2_, xs3_, acc_a3, acc_b3)
         }
         store_pair(p0, acc_a0, acc_b0, scale, view, orow, t0);
         if (GROUP > 1u) store_pair(p1, acc_a1, acc_b1, scale, view, orow, t0);
         if (GROUP > 2u) store_pair(p2, acc_a2, acc_b2, scale, view, orow, t0);
         if (GROUP > 3u) store_pair(p3, acc_a3, acc_b3, scale, view, orow, t0);
     }
+}
+#endif
+
+void main() {
+    uint wg = gl_WorkGroupID.x;
+    uint view = wg < pc.tiles.x ? 0u : (wg < pc.tiles.y ? 1u : 2u);
+    uint tile = wg - (view == 0u ? 0u : (view == 1u ? pc.tiles.x : pc.tiles.y));
+    uint nrows = pc.nrows[view];
+    uint orow = pc.orow[view];
+    uint wofs = pc.wofs[view];
+    uint t0 = gl_WorkGroupID.y * TB;
+#if defined(COLUMN_SPLIT)
+    split_main(view, tile, nrows, orow, wofs, t0);
+#else
+    rows_main(view, tile, nrows, orow, wofs, t0);
+#endif
 }

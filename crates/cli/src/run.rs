@@ -147,6 +147,11 @@ pub struct Args {
     #[arg(long = "sync-each-layer")]
     pub sync_each_layer: bool,
 
+    /// Ablation: decode matvecs with one row per lane instead of lanes sharing each row
+    /// (the fallback where the device lacks subgroup arithmetic).
+    #[arg(long = "no-column-split")]
+    pub no_column_split: bool,
+
     /// Keep generating past end-of-generation tokens (for benchmarks with a fixed -n).
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
@@ -497,6 +502,7 @@ impl Forward {
                     ctx_len,
                     sync_each_layer: args.sync_each_layer,
                     profile: args.profile,
+                    column_split: !args.no_column_split,
                 };
                 let session = engine::Session::new(ctx.clone(), file.clone(), &opts)?;
                 let report = session.weights().report().clone();

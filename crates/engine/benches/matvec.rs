@@ -141,6 +141,7 @@ fn matvec(c: &mut Criterion) {
                 pairs: DECODE_SHAPE.pairs,
                 tb: DECODE_SHAPE.tb,
                 group: DECODE_SHAPE.group,
+                split_chunks: ks.column_split(DECODE_SHAPE.wg, cols as u32),
             };
             let p = ks.matmul(key).expect("matmul pipeline");
             let set = p

@@ -142,6 +142,10 @@ pub struct MatmulKey {
     pub tb: u32,
     /// Row pairs computed in lockstep, sharing each input fetch (1..4, divides `pairs`).
     pub group: u32,
+    /// Chunks (64 columns) per row when the lanes split each row's columns instead of
+    /// owning rows (one token only; see `matmul.comp`), from [`Kernels::column_split`];
+    /// 0: lanes own rows.
+    pub split_chunks: u32,
 }
 
 impl MatmulKey {
@@ -208,14 +212,21 @@ pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     }
 }
 
-fn matmul_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
-    Ok(match ty {
-        GgmlType::Q8_0 => Kernel::MatmulQ8_0,
-        GgmlType::Q4_0 => Kernel::MatmulQ4_0,
-        GgmlType::Q4_1 => Kernel::MatmulQ4_1,
-        GgmlType::F16 => Kernel::MatmulF16,
-        GgmlType::F32 => Kernel::MatmulF32,
-        other => {
+/// The matmul kernel for weights of `ty`: the column-split variant (subgroup arithmetic)
+/// or the row-per-lane one, which needs no subgroup operations.
+fn matmul_kernel(ty: GgmlType, split: bool) -> Result<Kernel, EngineError> {
+    Ok(match (ty, split) {
+        (GgmlType::Q8_0, false) => Kernel::MatmulQ8_0,
+        (GgmlType::Q4_0, false) => Kernel::MatmulQ4_0,
+        (GgmlType::Q4_1, false) => Kernel::MatmulQ4_1,
+        (GgmlType::F16, false) => Kernel::MatmulF16,
+        (GgmlType::F32, false) => Kernel::MatmulF32,
+        (GgmlType::Q8_0, true) => Kernel::MatmulQ8_0Split,
+        (GgmlType::Q4_0, true) => Kernel::MatmulQ4_0Split,
+        (GgmlType::Q4_1, true) => Kernel::MatmulQ4_1Split,
+        (GgmlType::F16, true) => Kernel::MatmulF16Split,
+        (GgmlType::F32, true) => Kernel::MatmulF32Split,
+        (other, _) => {
             return Err(EngineError::Unsupported(format!(
                 "weights of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
                 other.name()
@@ -241,6 +252,9 @@ fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
 }
 
 /// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
+/// Most chunks per lane per row the column-split matmul unrolls (`matmul.comp`).
+pub const SPLIT_MAX_CHUNKS_PER_LANE: u32 = 4;
+
 pub const MATMUL_BINDINGS: u32 = 10;
 /// Descriptor kinds of `matmul.comp`: weights (in [`weight_texel_format`]), x and xr
 /// (RGBA32F) are texel buffers.
@@ -300,6 +314,8 @@ pub struct Kernels {
     /// Per head dimension.
     attention: HashMap<u32, Pipeline>,
     pub argmax: Pipeline,
+    /// Whether one-token matmuls may split columns across lanes ([`Kernels::column_split`]).
+    column_split: bool,
 }
 
 impl Kernels {
@@ -319,7 +335,36 @@ impl Kernels {
             embed: HashMap::new(),
             attention: HashMap::new(),
             argmax,
+            column_split: true,
         })
+    }
+
+    /// `split_chunks` for a one-token matmul over `ncols` columns with `wg` lanes: the
+    /// row's chunk count where the lanes can split it (one subgroup per workgroup with
+    /// subgroup arithmetic in compute, and 1 to [`SPLIT_MAX_CHUNKS_PER_LANE`] chunks per
+    /// lane, which the kernel unrolls), otherwise 0 (lanes own rows).
+    pub fn column_split(&self, wg: u32, ncols: u32) -> u32 {
+        let chunks = ncols / CHUNK as u32;
+        if self.column_split && self.can_split(wg, chunks) {
+            chunks
+        } else {
+            0
+        }
+    }
+
+    /// Whether `wg` lanes can split rows of `chunks` chunks on this device.
+    fn can_split(&self, wg: u32, chunks: u32) -> bool {
+        let caps = self.ctx.caps();
+        let subgroups = caps.subgroup_in_compute
+            && caps.subgroup_operations.contains(&"arithmetic")
+            && caps.subgroup_size >= wg;
+        subgroups && wg > 0 && (1..=SPLIT_MAX_CHUNKS_PER_LANE).contains(&(chunks / wg))
+    }
+
+    /// Turns the column split off (every matmul built afterwards has lanes own rows):
+    /// the fallback for devices without subgroup arithmetic, forced for tests and A/B.
+    pub fn set_column_split(&mut self, on: bool) {
+        self.column_split = on;
     }
 
     /// The attention pipeline for heads of `head_dim` (a multiple of 4, at most
@@ -353,11 +398,17 @@ impl Kernels {
 
     /// The matmul pipeline for `key`, created on first request.
     pub fn matmul(&mut self, key: MatmulKey) -> Result<&Pipeline, EngineError> {
+        if key.split_chunks > 0 && (key.tb != 1 || !self.can_split(key.wg, key.split_chunks)) {
+            return Err(EngineError::Unsupported(format!(
+                "a column-split matmul of {} chunks per row with {} lanes and {} tokens (see Kernels::column_split)",
+                key.split_chunks, key.wg, key.tb
+            )));
+        }
         if !self.matmul.contains_key(&key) {
             let p = Pipeline::with_kinds(
                 &self.ctx,
                 &PipelineDesc {
-                    kernel: matmul_kernel(key.wtype)?,
+                    kernel: matmul_kernel(key.wtype, key.split_chunks > 0)?,
                     n_bindings: MATMUL_BINDINGS,
                     push_size: std::mem::size_of::<MatmulPush>() as u32,
                     spec: vec![
@@ -370,6 +421,7 @@ impl Kernels {
                         key.n_views,
                         u32::from(key.shared_w),
                         key.group,
+                        key.split_chunks,
                     ],
                 },
                 &MATMUL_KINDS,

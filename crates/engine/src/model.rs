@@ -80,6 +80,8 @@ pub struct MatmulCall {
     pub write_xg: bool,
     /// Reads only the last token of the batch (the logits).
     pub last_token_only: bool,
+    /// `MatmulKey::split_chunks` of the one-token pipeline (0: lanes own rows).
+    pub split_chunks: u32,
 }
 
 /// The dispatches of one decoder layer.
@@ -269,7 +271,7 @@ pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) ->
         call.n_views,
         call.shared_w,
         call.last_token_only,
-        call.ncols,
+        call.split_chunks,
         batch,
         neox,
         head_dim,
@@ -284,12 +286,11 @@ fn key_of(
     n_views: u32,
     shared_w: bool,
     last_token_only: bool,
-    ncols: u32,
+    split_chunks: u32,
     batch: Batch,
     neox: bool,
     head_dim: u32,
 ) -> MatmulKey {
-    let _ = ncols;
     let shape = match batch {
         Batch::Prefill if !last_token_only => PREFILL_SHAPE,
         _ => DECODE_SHAPE,
@@ -311,6 +312,7 @@ fn key_of(
         pairs,
         tb: shape.tb,
         group: shape.group.min(pairs),
+        split_chunks: if shape.tb == 1 { split_chunks } else { 0 },
     }
 }
 
@@ -661,6 +663,7 @@ fn matmul_calls(
     head_dim: u32,
 ) -> Result<Vec<MatmulCall>, EngineError> {
     let ncols = spec.views[0].shape[0];
+    let split_chunks = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
     let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
     let whole = spec.views.iter().all(|v| v.parts.len() == 1);
     // groups of (slot, view, part index) sharing one dispatch
@@ -768,7 +771,7 @@ fn matmul_calls(
                     spec.n_views,
                     shared_w,
                     spec.last_token_only,
-                    to_u32(ncols, "columns")?,
+                    split_chunks,
                     Batch::Decode,
                     neox,
                     head_dim,
@@ -788,6 +791,7 @@ fn matmul_calls(
             aux_ofs,
             write_xg: spec.aux.is_some() && spec.out_mode == OutMode::Add,
             last_token_only: spec.last_token_only,
+            split_chunks,
         };
         for batch in [Batch::Decode, Batch::Prefill] {
             kernels.matmul(matmul_key(&call, batch, neox, head_dim))?;

@@ -31,6 +31,9 @@ pub struct SessionOptions {
     pub sync_each_layer: bool,
     /// Record GPU timestamps around every dispatch of a decode token.
     pub profile: bool,
+    /// Let one-token matmuls split each row's columns across lanes where the device
+    /// allows it (`Kernels::column_split`); off: lanes own rows (the fallback, for A/B).
+    pub column_split: bool,
 }
 
 impl Default for SessionOptions {
@@ -40,6 +43,7 @@ impl Default for SessionOptions {
             ctx_len: 2048,
             sync_each_layer: false,
             profile: false,
+            column_split: true,
         }
     }
 }
@@ -220,6 +224,7 @@ impl Session {
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;
+        kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
 
         let mut step_init = vec![0u32; 4 + kernels::STEP_FREQS_MAX];

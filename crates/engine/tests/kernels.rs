@@ -139,7 +139,59 @@ fn key(
         tb,
         // as the engine's shapes: decode shares input fetches between two row pairs
         group: if tb == 1 { 2 } else { 1 },
+        split_chunks: 0,
     }
+}
+
+/// `k`, and where this device lets lanes split rows of `cols` columns, its one-token
+/// column-split twin (the decode path's kernel; `k`, one row per lane, is the fallback).
+fn variants(ks: &Kernels, k: MatmulKey, cols: usize) -> Vec<MatmulKey> {
+    let mut v = vec![k];
+    let split_chunks = ks.column_split(k.wg, cols as u32);
+    if split_chunks > 0 {
+        v.push(MatmulKey {
+            tb: 1,
+            group: 1,
+            split_chunks,
+            ..k
+        });
+    }
+    v
+}
+
+/// lavapipe (the CI device) has subgroup arithmetic: the column split must be chosen
+/// there for the engine's shapes (so the tests below exercise it), and refused where the
+/// per-lane share is 0 or above the unrolled maximum.
+#[test]
+fn column_split_is_chosen_where_the_device_allows() {
+    let Some(ctx) = ctx() else { return };
+    let mut ks = Kernels::new(&ctx).unwrap();
+    let caps = ctx.caps();
+    if !(caps.subgroup_in_compute && caps.subgroup_operations.contains(&"arithmetic")) {
+        eprintln!("no subgroup arithmetic on this device: the row-per-lane kernel is used");
+        assert_eq!(ks.column_split(8, 576), 0);
+        return;
+    }
+    assert_eq!(ks.column_split(8, 576), 9);
+    assert_eq!(ks.column_split(8, 1536), 24);
+    assert_eq!(
+        ks.column_split(8, 192),
+        0,
+        "3 chunks: less than one per lane"
+    );
+    assert_eq!(
+        ks.column_split(8, 64 * 40),
+        0,
+        "5 chunks per lane: not unrolled"
+    );
+    ks.set_column_split(false);
+    assert_eq!(ks.column_split(8, 576), 0, "turned off");
+    // a split key the device cannot run is an error, not a wrong result
+    let bad = MatmulKey {
+        split_chunks: 9,
+        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, false, 1, 4)
+    };
+    assert!(ks.matmul(bad).is_err());
 }
 
 /// Random weights of `ty`, `pad` bytes of garbage in front (to test word offsets).
@@ -165,92 +217,97 @@ fn matmul_store_and_add_match_reference_for_every_type() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(1);
-    let (rows, cols, n_tok) = (202, 192, 5);
-    let dummy = zeros(&ctx, "dummy", 4);
-    let dummy_w = wview(&ctx, &dummy, GgmlType::F32);
-    let step = step_buffer(&ctx, 0, &[], &[]);
-    let g = rng.vec(rows + 4, 1.0); // the next norm weight, 4 floats in
-    let gbuf = upload(&ctx, "g", &g);
-    for ty in TYPES {
-        let (bytes, w) = weights(&mut rng, ty, rows, cols, 64);
-        let wbuf = wupload(&ctx, "w", &bytes);
-        let wv = wview(&ctx, &wbuf, ty);
-        let x = rng.vec(n_tok * cols, 1.0);
-        let xbuf = upload(&ctx, "x", &x);
-        let xv = xview(&ctx, &xbuf);
-        let mut want = vec![0.0; n_tok * rows];
-        rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
-        let init = rng.vec(n_tok * rows, 1.0);
-        for (out_mode, tb, group) in [
-            (OutMode::Store, 1, 1),
-            (OutMode::Store, 1, 2),
-            (OutMode::Store, 4, 1),
-            (OutMode::Store, 4, 4),
-            (OutMode::Add, 4, 1),
-            (OutMode::Add, 1, 2),
-        ] {
-            let k = MatmulKey {
-                group,
-                ..key(ty, InMode::Plain, out_mode, false, 1, tb)
-            };
-            let out = upload(&ctx, "out", &init);
-            let xg = zeros(&ctx, "xg", n_tok * rows);
-            let p = ks.matmul(k).unwrap();
-            let set = matmul_set(
-                p,
-                [&wv, &dummy_w, &dummy_w],
-                &xv,
-                &gbuf,
-                [&out, &xg, &dummy],
-                &step,
-                &xv,
-            );
-            let mut push = MatmulPush {
-                n_tok: n_tok as u32,
-                ncols: cols as u32,
-                x_ld: cols as u32,
-                out_ld: rows as u32,
-                aux_ofs: 4,
-                write_xg: u32::from(out_mode == OutMode::Add),
-                ..Default::default()
-            };
-            let slots = [Slot {
-                slot: 0,
-                nrows: rows as u32,
-                wofs: 16,
-                orow: 0,
-            }];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-            let got = read_f32(&out, n_tok * rows);
-            let mut expect = want.clone();
-            if out_mode == OutMode::Add {
-                rk::add(&mut expect, &init);
-            }
-            let mags: Vec<f32> = (0..n_tok)
-                .flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols]))
-                .collect();
-            let tol = |i: usize| {
-                TOL_K * cols as f32 * U * mags[i]
-                    + 1e-6
-                    + if out_mode == OutMode::Add {
-                        2.0 * U * init[i].abs()
-                    } else {
-                        0.0
+    let (rows, n_tok) = (202, 5);
+    // 3 chunks per row (row per lane only), 11 (one per lane and 3 left over), 24 (3 each)
+    for cols in [192, 704, 1536] {
+        let dummy = zeros(&ctx, "dummy", 4);
+        let dummy_w = wview(&ctx, &dummy, GgmlType::F32);
+        let step = step_buffer(&ctx, 0, &[], &[]);
+        let g = rng.vec(rows + 4, 1.0); // the next norm weight, 4 floats in
+        let gbuf = upload(&ctx, "g", &g);
+        for ty in TYPES {
+            let (bytes, w) = weights(&mut rng, ty, rows, cols, 64);
+            let wbuf = wupload(&ctx, "w", &bytes);
+            let wv = wview(&ctx, &wbuf, ty);
+            let x = rng.vec(n_tok * cols, 1.0);
+            let xbuf = upload(&ctx, "x", &x);
+            let xv = xview(&ctx, &xbuf);
+            let mut want = vec![0.0; n_tok * rows];
+            rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
+            let init = rng.vec(n_tok * rows, 1.0);
+            for (out_mode, tb, group) in [
+                (OutMode::Store, 1, 1),
+                (OutMode::Store, 1, 2),
+                (OutMode::Store, 4, 1),
+                (OutMode::Store, 4, 4),
+                (OutMode::Add, 4, 1),
+                (OutMode::Add, 1, 2),
+            ] {
+                let k0 = MatmulKey {
+                    group,
+                    ..key(ty, InMode::Plain, out_mode, false, 1, tb)
+                };
+                for k in variants(&ks, k0, cols) {
+                    let out = upload(&ctx, "out", &init);
+                    let xg = zeros(&ctx, "xg", n_tok * rows);
+                    let p = ks.matmul(k).unwrap();
+                    let set = matmul_set(
+                        p,
+                        [&wv, &dummy_w, &dummy_w],
+                        &xv,
+                        &gbuf,
+                        [&out, &xg, &dummy],
+                        &step,
+                        &xv,
+                    );
+                    let mut push = MatmulPush {
+                        n_tok: n_tok as u32,
+                        ncols: cols as u32,
+                        x_ld: cols as u32,
+                        out_ld: rows as u32,
+                        aux_ofs: 4,
+                        write_xg: u32::from(out_mode == OutMode::Add),
+                        ..Default::default()
+                    };
+                    let slots = [Slot {
+                        slot: 0,
+                        nrows: rows as u32,
+                        wofs: 16,
+                        orow: 0,
+                    }];
+                    let groups = kernels::matmul_layout(&k, &mut push, &slots);
+                    run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                    let got = read_f32(&out, n_tok * rows);
+                    let mut expect = want.clone();
+                    if out_mode == OutMode::Add {
+                        rk::add(&mut expect, &init);
                     }
-            };
-            assert_close(
-                &format!("{ty:?} {out_mode:?} tb={tb} group={group}"),
-                &got,
-                &expect,
-                tol,
-            );
-            if out_mode == OutMode::Add {
-                let xg_want = times_g(&expect, &g[4..]);
-                let xg_got = read_f32(&xg, n_tok * rows);
-                assert_close(&format!("{ty:?} x∘g"), &xg_got, &xg_want, |i| {
-                    (tol(i) + U * expect[i].abs()) * g[4 + i % rows].abs()
-                });
+                    let mags: Vec<f32> = (0..n_tok)
+                        .flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols]))
+                        .collect();
+                    let tol = |i: usize| {
+                        TOL_K * cols as f32 * U * mags[i]
+                            + 1e-6
+                            + if out_mode == OutMode::Add {
+                                2.0 * U * init[i].abs()
+                            } else {
+                                0.0
+                            }
+                    };
+                    assert_close(
+                        &format!("{ty:?} {cols} columns {out_mode:?} {k:?}"),
+                        &got,
+                        &expect,
+                        tol,
+                    );
+                    if out_mode == OutMode::Add {
+                        let xg_want = times_g(&expect, &g[4..]);
+                        let xg_got = read_f32(&xg, n_tok * rows);
+                        assert_close(&format!("{ty:?} x∘g"), &xg_got, &xg_want, |i| {
+                            (tol(i) + U * expect[i].abs()) * g[4 + i % rows].abs()
+                        });
+                    }
+                }
             }
         }
     }
@@ -266,7 +323,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(2);
-    let (rows, cols, n_tok, eps) = (160, 128, 3, 1e-5);
+    let (rows, cols, n_tok, eps) = (160, 576, 3, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
     let dummy_w = wview(&ctx, &dummy, GgmlType::F32);
     let step = step_buffer(&ctx, 0, &[], &[]);
@@ -303,53 +360,55 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             mags.extend(magnitudes(&w, cols, &xn));
         }
         let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1, 4);
-        let p = ks.matmul(k).unwrap();
-        for (buf, slot) in [
-            (
-                &part_a,
-                Slot {
-                    slot: 0,
-                    nrows: split as u32,
-                    wofs: 0,
-                    orow: 0,
-                },
-            ),
-            (
-                &part_b,
-                Slot {
-                    slot: 0,
-                    nrows: (rows - split) as u32,
-                    wofs: 8,
-                    orow: split as u32,
-                },
-            ),
-        ] {
-            let wv = wview(&ctx, buf, ty);
-            let set = matmul_set(
-                p,
-                [&wv, &dummy_w, &dummy_w],
-                &xgv,
-                &dummy,
-                [&out, &dummy, &dummy],
-                &step,
-                &xv,
-            );
-            let mut push = MatmulPush {
-                n_tok: n_tok as u32,
-                ncols: cols as u32,
-                x_ld: cols as u32,
-                out_ld: rows as u32,
-                eps,
-                ..Default::default()
-            };
-            let groups = kernels::matmul_layout(&k, &mut push, &[slot]);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+        for k in variants(&ks, k, cols) {
+            let p = ks.matmul(k).unwrap();
+            for (buf, slot) in [
+                (
+                    &part_a,
+                    Slot {
+                        slot: 0,
+                        nrows: split as u32,
+                        wofs: 0,
+                        orow: 0,
+                    },
+                ),
+                (
+                    &part_b,
+                    Slot {
+                        slot: 0,
+                        nrows: (rows - split) as u32,
+                        wofs: 8,
+                        orow: split as u32,
+                    },
+                ),
+            ] {
+                let wv = wview(&ctx, buf, ty);
+                let set = matmul_set(
+                    p,
+                    [&wv, &dummy_w, &dummy_w],
+                    &xgv,
+                    &dummy,
+                    [&out, &dummy, &dummy],
+                    &step,
+                    &xv,
+                );
+                let mut push = MatmulPush {
+                    n_tok: n_tok as u32,
+                    ncols: cols as u32,
+                    x_ld: cols as u32,
+                    out_ld: rows as u32,
+                    eps,
+                    ..Default::default()
+                };
+                let groups = kernels::matmul_layout(&k, &mut push, &[slot]);
+                run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            }
+            let got = read_f32(&out, n_tok * rows);
+            // the normalised input carries a few ulps of the scale: 8 more u per term
+            assert_close(&format!("{ty:?} rmsnorm {k:?}"), &got, &want, |i| {
+                (TOL_K * cols as f32 + 8.0) * U * mags[i] + 1e-6
+            });
         }
-        let got = read_f32(&out, n_tok * rows);
-        // the normalised input carries a few ulps of the scale: 8 more u per term
-        assert_close(&format!("{ty:?} rmsnorm"), &got, &want, |i| {
-            (TOL_K * cols as f32 + 8.0) * U * mags[i] + 1e-6
-        });
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
@@ -363,7 +422,7 @@ fn qkv_rope_and_cache_write_match_reference() {
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(3);
     let (dim, n_heads, n_kv, hd, n_tok, pos0, ctx_len, eps, base) =
-        (128, 4, 2, 32, 3, 5u32, 16, 1e-5, 10000.0);
+        (576, 4, 2, 32, 3, 5u32, 16, 1e-5, 10000.0);
     let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
     let freqs = kernels::rope_freqs(base, hd);
     for (ty, mode) in [
@@ -412,99 +471,101 @@ fn qkv_rope_and_cache_write_match_reference() {
         } else {
             k
         };
-        let p = ks.matmul(k).unwrap();
-        let set = matmul_set(
-            p,
-            [&vq, &vk_, &vv],
-            &xgv,
-            &dummy,
-            [&qout, &kc, &vc],
-            &step,
-            &xv,
-        );
-        let mut push = MatmulPush {
-            n_tok: n_tok as u32,
-            ncols: dim as u32,
-            x_ld: dim as u32,
-            out_ld: q_dim as u32,
-            kv_ld: kv_dim as u32,
-            head_dim: hd as u32,
-            eps,
-            ..Default::default()
-        };
-        let slots = [
-            Slot {
-                slot: 0,
-                nrows: q_dim as u32,
-                wofs: 0,
-                orow: 0,
-            },
-            Slot {
-                slot: 1,
-                nrows: kv_dim as u32,
-                wofs: 0,
-                orow: 0,
-            },
-            Slot {
-                slot: 2,
-                nrows: kv_dim as u32,
-                wofs: 0,
-                orow: 0,
-            },
-        ];
-        let groups = kernels::matmul_layout(&k, &mut push, &slots);
-        run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-        let (gq, gk, gv) = (
-            read_f32(&qout, n_tok * q_dim),
-            read_f32(&kc, ctx_len * kv_dim),
-            read_f32(&vc, ctx_len * kv_dim),
-        );
-        let mut xn = vec![0.0; dim];
-        for t in 0..n_tok {
-            let pos = pos0 as usize + t;
-            rk::rmsnorm(&x[t * dim..(t + 1) * dim], &norm_w, eps, &mut xn);
-            let mut q = vec![0.0; q_dim];
-            let mut kk = vec![0.0; kv_dim];
-            let mut v = vec![0.0; kv_dim];
-            rk::matvec(ty, &wq, q_dim, dim, &xn, &mut q).unwrap();
-            rk::matvec(ty, &wk, kv_dim, dim, &xn, &mut kk).unwrap();
-            rk::matvec(ty, &wv, kv_dim, dim, &xn, &mut v).unwrap();
-            rk::rope(&mut q, n_heads, hd, pos, base, mode);
-            rk::rope(&mut kk, n_kv, hd, pos, base, mode);
-            // rope mixes two rows of similar magnitude: bound by the larger magnitude of the
-            // head, plus the angle error (pos · few ulps) times the value
-            let tol = |mags: &[f32]| {
-                let m = mags.iter().copied().fold(0.0, f32::max);
-                move |_: usize| (TOL_K * dim as f32 + 8.0) * U * m * 2.0 + 1e-5 * m + 1e-6
+        for k in variants(&ks, k, dim) {
+            let p = ks.matmul(k).unwrap();
+            let set = matmul_set(
+                p,
+                [&vq, &vk_, &vv],
+                &xgv,
+                &dummy,
+                [&qout, &kc, &vc],
+                &step,
+                &xv,
+            );
+            let mut push = MatmulPush {
+                n_tok: n_tok as u32,
+                ncols: dim as u32,
+                x_ld: dim as u32,
+                out_ld: q_dim as u32,
+                kv_ld: kv_dim as u32,
+                head_dim: hd as u32,
+                eps,
+                ..Default::default()
             };
-            let mq = magnitudes(&fq, dim, &xn);
-            let mk = magnitudes(&fk, dim, &xn);
-            let mv = magnitudes(&fv, dim, &xn);
-            let what = format!("{ty:?} {mode:?} token {t}");
-            assert_close(
-                &format!("{what} q"),
-                &gq[t * q_dim..(t + 1) * q_dim],
-                &q,
-                tol(&mq),
+            let slots = [
+                Slot {
+                    slot: 0,
+                    nrows: q_dim as u32,
+                    wofs: 0,
+                    orow: 0,
+                },
+                Slot {
+                    slot: 1,
+                    nrows: kv_dim as u32,
+                    wofs: 0,
+                    orow: 0,
+                },
+                Slot {
+                    slot: 2,
+                    nrows: kv_dim as u32,
+                    wofs: 0,
+                    orow: 0,
+                },
+            ];
+            let groups = kernels::matmul_layout(&k, &mut push, &slots);
+            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            let (gq, gk, gv) = (
+                read_f32(&qout, n_tok * q_dim),
+                read_f32(&kc, ctx_len * kv_dim),
+                read_f32(&vc, ctx_len * kv_dim),
             );
-            assert_close(
-                &format!("{what} k"),
-                &gk[pos * kv_dim..(pos + 1) * kv_dim],
-                &kk,
-                tol(&mk),
-            );
-            assert_close(
-                &format!("{what} v"),
-                &gv[pos * kv_dim..(pos + 1) * kv_dim],
-                &v,
-                tol(&mv),
-            );
+            let mut xn = vec![0.0; dim];
+            for t in 0..n_tok {
+                let pos = pos0 as usize + t;
+                rk::rmsnorm(&x[t * dim..(t + 1) * dim], &norm_w, eps, &mut xn);
+                let mut q = vec![0.0; q_dim];
+                let mut kk = vec![0.0; kv_dim];
+                let mut v = vec![0.0; kv_dim];
+                rk::matvec(ty, &wq, q_dim, dim, &xn, &mut q).unwrap();
+                rk::matvec(ty, &wk, kv_dim, dim, &xn, &mut kk).unwrap();
+                rk::matvec(ty, &wv, kv_dim, dim, &xn, &mut v).unwrap();
+                rk::rope(&mut q, n_heads, hd, pos, base, mode);
+                rk::rope(&mut kk, n_kv, hd, pos, base, mode);
+                // rope mixes two rows of similar magnitude: bound by the larger magnitude of the
+                // head, plus the angle error (pos · few ulps) times the value
+                let tol = |mags: &[f32]| {
+                    let m = mags.iter().copied().fold(0.0, f32::max);
+                    move |_: usize| (TOL_K * dim as f32 + 8.0) * U * m * 2.0 + 1e-5 * m + 1e-6
+                };
+                let mq = magnitudes(&fq, dim, &xn);
+                let mk = magnitudes(&fk, dim, &xn);
+                let mv = magnitudes(&fv, dim, &xn);
+                let what = format!("{ty:?} {mode:?} token {t}");
+                assert_close(
+                    &format!("{what} q"),
+                    &gq[t * q_dim..(t + 1) * q_dim],
+                    &q,
+                    tol(&mq),
+                );
+                assert_close(
+                    &format!("{what} k"),
+                    &gk[pos * kv_dim..(pos + 1) * kv_dim],
+                    &kk,
+                    tol(&mk),
+                );
+                assert_close(
+                    &format!("{what} v"),
+                    &gv[pos * kv_dim..(pos + 1) * kv_dim],
+                    &v,
+                    tol(&mv),
+                );
+            }
+            // rows of other positions untouched
+            assert!(gk[..pos0 as usize * kv_dim].iter().all(|&v| v == 0.0));
+            assert!(gv[(pos0 as usize + n_tok) * kv_dim..]
+                .iter()
+                .all(|&v| v == 0.0));
         }
-        // rows of other positions untouched
-        assert!(gk[..pos0 as usize * kv_dim].iter().all(|&v| v == 0.0));
-        assert!(gv[(pos0 as usize + n_tok) * kv_dim..]
-            .iter()
-            .all(|&v| v == 0.0));
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
@@ -516,7 +577,7 @@ fn gate_up_swiglu_matches_reference() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut rng = Rng::new(4);
-    let (hidden, dim, n_tok, eps) = (200, 64, 2, 1e-5);
+    let (hidden, dim, n_tok, eps) = (200, 576, 2, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
     let step = step_buffer(&ctx, 0, &[], &[]);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
@@ -535,64 +596,67 @@ fn gate_up_swiglu_matches_reference() {
         let dummy_w = wview(&ctx, &dummy, ty);
         let out = zeros(&ctx, "hb", n_tok * hidden);
         let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
-        let p = ks.matmul(k).unwrap();
-        let set = matmul_set(
-            p,
-            [&vg, &vu, &dummy_w],
-            &xgv,
-            &dummy,
-            [&out, &dummy, &dummy],
-            &step,
-            &xv,
-        );
-        let mut push = MatmulPush {
-            n_tok: n_tok as u32,
-            ncols: dim as u32,
-            x_ld: dim as u32,
-            out_ld: hidden as u32,
-            eps,
-            ..Default::default()
-        };
-        let slots = [
-            Slot {
-                slot: 0,
-                nrows: hidden as u32,
-                wofs: 0,
-                orow: 0,
-            },
-            Slot {
-                slot: 1,
-                nrows: hidden as u32,
-                wofs: 16,
-                orow: 0,
-            },
-        ];
-        let groups = kernels::matmul_layout(&k, &mut push, &slots);
-        // each invocation reads gate and up: only gate's rows own workgroups
-        assert_eq!(groups[0], (hidden as u32).div_ceil(k.tile_rows()));
-        run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-        let got = read_f32(&out, n_tok * hidden);
-        let mut xn = vec![0.0; dim];
-        for t in 0..n_tok {
-            rk::rmsnorm(&x[t * dim..(t + 1) * dim], &norm_w, eps, &mut xn);
-            let (mut g, mut u, mut h) = (vec![0.0; hidden], vec![0.0; hidden], vec![0.0; hidden]);
-            rk::matvec(ty, &wg, hidden, dim, &xn, &mut g).unwrap();
-            rk::matvec(ty, &wu[64..], hidden, dim, &xn, &mut u).unwrap();
-            rk::swiglu(&g, &u, &mut h);
-            let (mg, mu) = (magnitudes(&fg, dim, &xn), magnitudes(&fu, dim, &xn));
-            // d(silu(g)·u) <= (|u|·1.1·δg + |silu(g)|·δu), plus the exp's few ulps
-            assert_close(
-                &format!("{ty:?} swiglu token {t}"),
-                &got[t * hidden..(t + 1) * hidden],
-                &h,
-                |i| {
-                    let e = (TOL_K * dim as f32 + 8.0) * U;
-                    1.1 * u[i].abs() * e * mg[i]
-                        + rk::silu(g[i]).abs() * e * mu[i]
-                        + 1e-5 * h[i].abs()
-                        + 1e-6
-                },
+        for k in variants(&ks, k, dim) {
+            let p = ks.matmul(k).unwrap();
+            let set = matmul_set(
+                p,
+                [&vg, &vu, &dummy_w],
+                &xgv,
+                &dummy,
+                [&out, &dummy, &dummy],
+                &step,
+                &xv,
             );
+            let mut push = MatmulPush {
+                n_tok: n_tok as u32,
+                ncols: dim as u32,
+                x_ld: dim as u32,
+                out_ld: hidden as u32,
+                eps,
+                ..Default::default()
+            };
+            let slots = [
+                Slot {
+                    slot: 0,
+                    nrows: hidden as u32,
+                    wofs: 0,
+                    orow: 0,
+                },
+                Slot {
+                    slot: 1,
+                    nrows: hidden as u32,
+                    wofs: 16,
+                    orow: 0,
+                },
+            ];
+            let groups = kernels::matmul_layout(&k, &mut push, &slots);
+            // each invocation reads gate and up: only gate's rows own workgroups
+            assert_eq!(groups[0], (hidden as u32).div_ceil(k.tile_rows()));
+            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            let got = read_f32(&out, n_tok * hidden);
+            let mut xn = vec![0.0; dim];
+            for t in 0..n_tok {
+                rk::rmsnorm(&x[t * dim..(t + 1) * dim], &norm_w, eps, &mut xn);
+                let (mut g, mut u, mut h) =
+                    (vec![0.0; hidden], vec![0.0; hidden], vec![0.0; hidden]);
+                rk::matvec(ty, &wg, hidden, dim, &xn, &mut g).unwrap();
+                rk::matvec(ty, &wu[64..], hidden, dim, &xn, &mut u).unwrap();
+                rk::swiglu(&g, &u, &mut h);
+                let (mg, mu) = (magnitudes(&fg, dim, &xn), magnitudes(&fu, dim, &xn));
+                // d(silu(g)·u) <= (|u|·1.1·δg + |silu(g)|·δu), plus the exp's few ulps
+                assert_close(
+                    &format!("{ty:?} swiglu token {t}"),
+                    &got[t * hidden..(t + 1) * hidden],
+                    &h,
+                    |i| {
+                        let e = (TOL_K * dim as f32 + 8.0) * U;
+                        1.1 * u[i].abs() * e * mg[i]
+                            + rk::silu(g[i]).abs() * e * mu[i]
+                            + 1e-5 * h[i].abs()
+                            + 1e-6
+                    },
+                );
+            }
         }
     }
     drop(ks);

@@ -29,8 +29,18 @@ fn open(name: &str) -> Arc<gguf::GgufFile> {
 }
 
 fn session(ctx: &Arc<vk::Context>, file: &Arc<gguf::GgufFile>, mode: WeightsMode) -> Session {
+    session_with(ctx, file, mode, true)
+}
+
+fn session_with(
+    ctx: &Arc<vk::Context>,
+    file: &Arc<gguf::GgufFile>,
+    mode: WeightsMode,
+    column_split: bool,
+) -> Session {
     let mut opts = SessionOptions {
         ctx_len: 128,
+        column_split,
         ..SessionOptions::default()
     };
     opts.weights.mode = mode;
@@ -170,6 +180,23 @@ fn q8_0_three_prompts_match_reference() {
 #[test]
 fn q4_1_three_prompts_match_reference() {
     three_prompts("SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+/// The row-per-lane matmuls (the fallback for devices without subgroup arithmetic, which
+/// lavapipe has, so it is forced here) on both files.
+#[test]
+fn row_per_lane_fallback_matches_reference() {
+    let Some(ctx) = ctx() else { return };
+    for name in [
+        "SmolLM2-135M-Instruct.Q8_0.gguf",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ] {
+        let file = open(name);
+        let model = Model::load(&file).unwrap();
+        let mut s = session_with(&ctx, &file, WeightsMode::Auto, false);
+        check_prompt(&mut s, &model, &FRANCE, 8, &format!("{name} row per lane"));
+    }
+    assert_no_validation_errors(&ctx);
 }
 
 /// (prompt, greedy ids, first-position top-5 (id, logit)) recorded with llama.cpp-Vulkan.
