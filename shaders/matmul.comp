@@ -23,7 +23,7 @@
 // last multiple of WG (SPLIT_CHUNKS % WG) are read row-per-lane afterwards: a workgroup
 // takes WG pairs at a time, and lane j finishes and stores pair j. It is a variant of its
 // own, not a branch on a specialization constant: lavapipe compiled the dead branch
-// anyway (+34 MiB of RssAnon, ~1 s more load).
+// anyway (+34 MiB of RssAnon, 1-2 s more load).
 //
 // rmsnorm is folded without a pass of its own: W·(x/rms(x)∘g) = (W·(x∘g)) / rms(x). The
 // dispatch that writes the residual x (OUT_ADD, or the embedding) also writes xg = x∘g for

@@ -251,10 +251,10 @@ fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
     })
 }
 
-/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
 /// Most chunks per lane per row the column-split matmul unrolls (`matmul.comp`).
 pub const SPLIT_MAX_CHUNKS_PER_LANE: u32 = 4;
 
+/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
 pub const MATMUL_BINDINGS: u32 = 10;
 /// Descriptor kinds of `matmul.comp`: weights (in [`weight_texel_format`]), x and xr
 /// (RGBA32F) are texel buffers.
