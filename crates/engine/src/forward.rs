@@ -9,7 +9,7 @@ use crate::kernels::{self, AttentionPush, MatmulPush};
 use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
 use crate::session::Activations;
 use crate::EngineError;
-use reference::Config;
+use arch::Config;
 
 /// What the end of the pass produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,8 +11,8 @@
 //!
 //! plus the embedding gather first, and the logits (output_norm folded in) and argmax last.
 
+use arch::{Arch, Config, RopeMode};
 use gguf::GgmlType;
-use reference::{Arch, Config, RopeMode};
 use std::sync::Arc;
 
 use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet, TexelFormat};

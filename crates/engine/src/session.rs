@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use reference::Config;
+use arch::Config;
 use tracing::{debug_span, info_span};
 use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation, QueryPool};
 

@@ -172,15 +172,7 @@ pub fn matmul(
     Ok(())
 }
 
-/// Which elements of a head RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeMode {
-    /// llama ("normal"): pairs `(x[2i], x[2i+1])`. GGUF's llama Q/K weights are stored
-    /// permuted so that adjacent pairs are the rotated ones.
-    Normal,
-    /// GPT-NeoX style (qwen2): pairs `(x[i], x[i + head_dim/2])`.
-    Neox,
-}
+pub use arch::RopeMode;
 
 /// Rotary position embedding, in place, for `n_heads` heads of `head_dim` elements
 /// (`x.len() == n_heads·head_dim`, `head_dim` even).

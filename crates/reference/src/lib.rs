@@ -8,13 +8,11 @@
 //! project's GGUF writer for whole-model tests of the GPU path.
 #![forbid(unsafe_code)]
 
-pub mod config;
 pub mod kernels;
 pub mod model;
 pub mod synthetic;
 
-pub use config::{Arch, Config};
-pub use kernels::RopeMode;
+pub use arch::{Arch, Config, ConfigError, RopeMode};
 pub use model::{forward, generate_greedy, Layer, Matrix, Model, State};
 
 use gguf::GgmlType;
@@ -23,24 +21,8 @@ use gguf::GgmlType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RefError {
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
-    UnsupportedArch(String),
-
-    #[error("missing metadata key '{0}'")]
-    MissingKey(String),
-
-    #[error("metadata key '{key}': {reason}")]
-    BadMetadata { key: String, reason: String },
-
-    #[error("missing tensor '{0}'")]
-    MissingTensor(String),
-
-    #[error("tensor '{name}' has shape {found:?}, expected {expected} from the metadata")]
-    TensorShape {
-        name: String,
-        expected: String,
-        found: Vec<u64>,
-    },
+    #[error(transparent)]
+    Config(#[from] arch::ConfigError),
 
     #[error("{n} elements of {ty} do not fill whole blocks of {block_size}")]
     NotBlockMultiple {

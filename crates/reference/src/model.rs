@@ -7,9 +7,9 @@
 
 use gguf::{GgmlType, Gguf, GgufFile, TensorInfo};
 
-use crate::config::{Arch, Config};
 use crate::kernels::{add, argmax, attention, matvec_f32, rmsnorm, rope, swiglu};
 use crate::RefError;
+use arch::{Arch, Config};
 
 /// A dequantised weight matrix: `rows` rows of `cols` f32, row-major.
 #[derive(Clone, Debug)]
@@ -94,9 +94,9 @@ impl Model {
     pub fn from_parts(g: &Gguf, bytes: &[u8]) -> Result<Model, RefError> {
         let config = Config::from_gguf(g)?;
         let get = |name: &str| -> Result<(&TensorInfo, &[u8]), RefError> {
-            let t = g
-                .tensor(name)
-                .ok_or_else(|| RefError::MissingTensor(name.to_string()))?;
+            let t = g.tensor(name).ok_or_else(|| {
+                RefError::Config(arch::ConfigError::MissingTensor(name.to_string()))
+            })?;
             Ok((t, g.tensor_data(bytes, t)))
         };
         let vector = |name: &str| -> Result<Vec<f32>, RefError> {

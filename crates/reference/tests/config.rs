@@ -5,9 +5,9 @@ mod common;
 
 use common::{as_qwen2, rewrite, tiny};
 use gguf::{Gguf, Value};
-use reference::{Arch, Config, RefError, RopeMode};
+use reference::{Arch, Config, ConfigError, RopeMode};
 
-fn config_of(bytes: &[u8]) -> Result<Config, RefError> {
+fn config_of(bytes: &[u8]) -> Result<Config, ConfigError> {
     Config::from_gguf(&Gguf::parse(bytes).unwrap())
 }
 
@@ -47,7 +47,7 @@ fn missing_key_is_named() {
     });
     let err = config_of(&bytes).unwrap_err();
     assert!(
-        matches!(err, RefError::MissingKey(ref k) if k == "llama.block_count"),
+        matches!(err, ConfigError::MissingKey(ref k) if k == "llama.block_count"),
         "{err}"
     );
     assert_eq!(err.to_string(), "missing metadata key 'llama.block_count'");
@@ -84,7 +84,7 @@ fn unsupported_architecture_is_named() {
     });
     let err = config_of(&bytes).unwrap_err();
     assert!(
-        matches!(err, RefError::UnsupportedArch(ref a) if a == "mamba"),
+        matches!(err, ConfigError::UnsupportedArch(ref a) if a == "mamba"),
         "{err}"
     );
     assert!(err.to_string().contains("'mamba'"), "{err}");
@@ -103,7 +103,7 @@ fn wrong_tensor_shape_names_tensor_expected_and_found() {
     let err = config_of(&bytes).unwrap_err();
     let msg = err.to_string();
     assert!(
-        matches!(err, RefError::TensorShape { ref name, ref found, .. } if name == "blk.1.ffn_up.weight" && found == &[64, 96]),
+        matches!(err, ConfigError::TensorShape { ref name, ref found, .. } if name == "blk.1.ffn_up.weight" && found == &[64, 96]),
         "{msg}"
     );
     assert!(

@@ -7,10 +7,19 @@
 
 use gguf::{Gguf, Value};
 
-use crate::kernels::RopeMode;
-use crate::RefError;
+use crate::ConfigError;
 
-/// The decoder families this reference knows.
+/// Which elements of a head RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// llama ("normal"): pairs `(x[2i], x[2i+1])`. GGUF's llama Q/K weights are stored
+    /// permuted so that adjacent pairs are the rotated ones.
+    Normal,
+    /// GPT-NeoX style (qwen2): pairs `(x[i], x[i + head_dim/2])`.
+    Neox,
+}
+
+/// The decoder families vkdecode knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// `llama` (SmolLM2, Llama 2/3, ...): normal RoPE, no q/k/v biases.
@@ -55,12 +64,12 @@ impl Config {
     /// Reads `<arch>.block_count` and the other hyper-parameters. An unsupported
     /// architecture is an error naming it; every tensor the forward pass needs must exist
     /// with the shape the metadata implies (the error names the tensor, expected vs found).
-    pub fn from_gguf(g: &Gguf) -> Result<Config, RefError> {
+    pub fn from_gguf(g: &Gguf) -> Result<Config, ConfigError> {
         let arch_name = meta_str(g, "general.architecture")?;
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
-            other => return Err(RefError::UnsupportedArch(other.to_string())),
+            other => return Err(ConfigError::UnsupportedArch(other.to_string())),
         };
         let p = arch.name();
         let n_layers = meta_usize(g, &format!("{p}.block_count"))?;
@@ -132,7 +141,7 @@ impl Config {
 
         let embd = tensor_shape(g, "token_embd.weight")?;
         if embd.len() != 2 || embd[0] != dim as u64 {
-            return Err(RefError::TensorShape {
+            return Err(ConfigError::TensorShape {
                 name: "token_embd.weight".into(),
                 expected: format!("[{dim}, n_vocab]"),
                 found: embd,
@@ -162,7 +171,7 @@ impl Config {
         for (name, shape) in cfg.expected_tensors() {
             let found = tensor_shape(g, &name)?;
             if found != shape {
-                return Err(RefError::TensorShape {
+                return Err(ConfigError::TensorShape {
                     name,
                     expected: format!("{shape:?}"),
                     found,
@@ -221,22 +230,22 @@ impl Config {
     }
 }
 
-fn bad(key: &str, reason: &str) -> RefError {
-    RefError::BadMetadata {
+fn bad(key: &str, reason: &str) -> ConfigError {
+    ConfigError::BadMetadata {
         key: key.to_string(),
         reason: reason.to_string(),
     }
 }
 
-fn tensor_shape(g: &Gguf, name: &str) -> Result<Vec<u64>, RefError> {
+fn tensor_shape(g: &Gguf, name: &str) -> Result<Vec<u64>, ConfigError> {
     g.tensor(name)
         .map(|t| t.shape.clone())
-        .ok_or_else(|| RefError::MissingTensor(name.to_string()))
+        .ok_or_else(|| ConfigError::MissingTensor(name.to_string()))
 }
 
-fn meta_str(g: &Gguf, key: &str) -> Result<String, RefError> {
+fn meta_str(g: &Gguf, key: &str) -> Result<String, ConfigError> {
     match g.get(key) {
-        None => Err(RefError::MissingKey(key.to_string())),
+        None => Err(ConfigError::MissingKey(key.to_string())),
         Some(v) => match v.as_str() {
             Some(s) => Ok(s.to_string()),
             None => Err(bad(key, "expected a string")),
@@ -244,7 +253,7 @@ fn meta_str(g: &Gguf, key: &str) -> Result<String, RefError> {
     }
 }
 
-fn meta_usize_opt(g: &Gguf, key: &str) -> Result<Option<usize>, RefError> {
+fn meta_usize_opt(g: &Gguf, key: &str) -> Result<Option<usize>, ConfigError> {
     match g.get(key) {
         None => Ok(None),
         Some(v) => match v.as_integer() {
@@ -256,11 +265,11 @@ fn meta_usize_opt(g: &Gguf, key: &str) -> Result<Option<usize>, RefError> {
     }
 }
 
-fn meta_usize(g: &Gguf, key: &str) -> Result<usize, RefError> {
-    meta_usize_opt(g, key)?.ok_or_else(|| RefError::MissingKey(key.to_string()))
+fn meta_usize(g: &Gguf, key: &str) -> Result<usize, ConfigError> {
+    meta_usize_opt(g, key)?.ok_or_else(|| ConfigError::MissingKey(key.to_string()))
 }
 
-fn meta_f32_opt(g: &Gguf, key: &str) -> Result<Option<f32>, RefError> {
+fn meta_f32_opt(g: &Gguf, key: &str) -> Result<Option<f32>, ConfigError> {
     match g.get(key) {
         None => Ok(None),
         Some(v) => match as_f32(v) {
@@ -271,8 +280,8 @@ fn meta_f32_opt(g: &Gguf, key: &str) -> Result<Option<f32>, RefError> {
     }
 }
 
-fn meta_f32(g: &Gguf, key: &str) -> Result<f32, RefError> {
-    meta_f32_opt(g, key)?.ok_or_else(|| RefError::MissingKey(key.to_string()))
+fn meta_f32(g: &Gguf, key: &str) -> Result<f32, ConfigError> {
+    meta_f32_opt(g, key)?.ok_or_else(|| ConfigError::MissingKey(key.to_string()))
 }
 
 fn as_f32(v: &Value) -> Option<f32> {

@@ -1,0 +1,34 @@
+//! The model description: what a GGUF file's metadata says about the decoder it holds
+//! (architecture, hyper-parameters, the tensors the forward pass reads and their shapes).
+//! One place, read by `engine` (the GPU graph) and `reference` (the CPU yardstick) alike,
+//! so the two cannot disagree about what a model is. No GPU code, no arithmetic.
+#![forbid(unsafe_code)]
+
+pub mod config;
+
+pub use config::{Arch, Config, RopeMode};
+
+/// What is wrong with a file's description of its model: an unknown architecture, a
+/// missing or meaningless key, a missing tensor or one of the wrong shape.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2)")]
+    UnsupportedArch(String),
+
+    #[error("missing metadata key '{0}'")]
+    MissingKey(String),
+
+    #[error("metadata key '{key}': {reason}")]
+    BadMetadata { key: String, reason: String },
+
+    #[error("missing tensor '{0}'")]
+    MissingTensor(String),
+
+    #[error("tensor '{name}' has shape {found:?}, expected {expected} from the metadata")]
+    TensorShape {
+        name: String,
+        expected: String,
+        found: Vec<u64>,
+    },
+}
