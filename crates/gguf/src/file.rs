@@ -32,13 +32,26 @@ impl GgufFile {
             path: path.clone(),
             err,
         };
+        // Check the type before opening: opening a FIFO for reading blocks until a
+        // writer appears (forever, for a model path), and a device can be endless.
+        let not_regular = |meta: &std::fs::Metadata| {
+            io_err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "not a regular file (it is {}); a model must be a regular file",
+                    file_kind(meta)
+                ),
+            ))
+        };
+        let meta = std::fs::metadata(&path).map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(not_regular(&meta));
+        }
         let file = File::open(&path).map_err(io_err)?;
+        // The path may have been replaced between the two calls: check what was opened.
         let meta = file.metadata().map_err(io_err)?;
         if !meta.is_file() {
-            return Err(io_err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
+            return Err(not_regular(&meta));
         }
         // SAFETY: memmap2 maps the file read-only and shared. The mapping is sound as
         // long as no one truncates or writes the file while it is mapped; that contract
@@ -80,5 +93,24 @@ impl GgufFile {
     /// A tensor's bytes, borrowed from the mapping.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         self.gguf.tensor_data(&self.mmap, t)
+    }
+}
+
+/// What a non-regular file is, in words.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
     }
 }
