@@ -93,6 +93,17 @@ pub enum GgufError {
         file_size: u64,
     },
 
+    #[error("tensors '{first}' (bytes {first_range:?}) and '{second}' (bytes {second_range:?}) overlap: tensor data may not be shared")]
+    OverlappingTensors {
+        first: String,
+        first_range: std::ops::Range<u64>,
+        second: String,
+        second_range: std::ops::Range<u64>,
+    },
+
+    #[error("out of memory reading {what}: cannot allocate {bytes} bytes")]
+    OutOfMemory { what: &'static str, bytes: u128 },
+
     #[error("missing metadata key '{key}'")]
     MissingKey { key: String },
 

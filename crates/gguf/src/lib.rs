@@ -8,6 +8,7 @@
 //! [`GgufFile::open`].
 #![deny(unsafe_code)]
 
+mod array;
 mod error;
 mod file;
 pub mod quant;
@@ -15,6 +16,7 @@ mod reader;
 mod types;
 pub mod writer;
 
+pub use array::ScalarArray;
 pub use error::GgufError;
 pub use file::GgufFile;
 pub use quant::{dequantize, dequantize_row, quantize_q8_0};

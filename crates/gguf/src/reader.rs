@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
+use crate::array::ScalarArray;
 use crate::error::{wrong_type, GgufError};
 use crate::types::{GgmlType, Value, ValueType};
 
@@ -163,10 +164,16 @@ impl<'a> Cursor<'a> {
         let len = self.u64(what)?;
         let at = self.pos as u64;
         let raw = self.take(len, what)?;
-        match std::str::from_utf8(raw) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(GgufError::InvalidUtf8 { what, offset: at }),
-        }
+        let s =
+            std::str::from_utf8(raw).map_err(|_| GgufError::InvalidUtf8 { what, offset: at })?;
+        let mut out = String::new();
+        out.try_reserve_exact(s.len())
+            .map_err(|_| GgufError::OutOfMemory {
+                what,
+                bytes: s.len() as u128,
+            })?;
+        out.push_str(s);
+        Ok(out)
     }
 
     fn value_type(&mut self) -> Result<ValueType, GgufError> {
@@ -218,21 +225,46 @@ impl<'a> Cursor<'a> {
                 self.check_count(count, elem_ty.min_encoded_size(), "array element", at)?;
                 // The check above bounds count by the bytes remaining; the hint also
                 // caps the up-front allocation, as a Value is larger than its encoding.
-                let mut items = Vec::with_capacity(capacity_hint(count));
+                if let Some(size) = elem_ty.scalar_size() {
+                    // Numbers and bools: one compact vector straight from the bytes.
+                    let raw = self.take(count * size, "array elements")?;
+                    return ScalarArray::decode(elem_ty, raw)
+                        .expect("a type with a scalar size is a scalar")
+                        .map(Value::Scalars);
+                }
+                let mut items = Vec::new();
                 if elem_ty == ValueType::String {
                     // The hot loop of every model (vocabularies, merges).
                     for _ in 0..count {
-                        items.push(Value::String(self.string("string value")?));
+                        let s = Value::String(self.string("string value")?);
+                        push_checked(&mut items, s, count)?;
                     }
                 } else {
                     for _ in 0..count {
-                        items.push(self.value(elem_ty, depth + 1)?);
+                        let v = self.value(elem_ty, depth + 1)?;
+                        push_checked(&mut items, v, count)?;
                     }
                 }
                 Value::Array(elem_ty, items)
             }
         })
     }
+}
+
+/// Pushes onto a vector that grows as items are really read (a count that lies costs
+/// no more than the bytes behind it), reporting allocation failure as an error.
+fn push_checked(items: &mut Vec<Value>, v: Value, count: u64) -> Result<(), GgufError> {
+    if items.len() == items.capacity() {
+        let want = (items.len().max(16)).min(count as usize - items.len());
+        items
+            .try_reserve(want.max(1))
+            .map_err(|_| GgufError::OutOfMemory {
+                what: "metadata array",
+                bytes: (items.len() + want) as u128 * std::mem::size_of::<Value>() as u128,
+            })?;
+    }
+    items.push(v);
+    Ok(())
 }
 
 /// Initial capacity for `count` parsed items: the vectors grow as items are really
@@ -257,7 +289,8 @@ impl Gguf {
     /// types, UTF-8 of keys and strings, duplicate keys and tensor names,
     /// `general.alignment` (a u32 power of two), 1 to 4 dimensions with a product that
     /// does not overflow, known tensor types, rows a whole number of blocks, offsets that
-    /// are multiples of the alignment, and tensor data inside the file.
+    /// are multiples of the alignment, tensor data inside the file, and no two tensors
+    /// sharing a byte. Allocation failure is an error ([`GgufError::OutOfMemory`]).
     pub fn parse(bytes: &[u8]) -> Result<Gguf, GgufError> {
         let mut c = Cursor { bytes, pos: 0 };
         let magic: [u8; 4] = c.array("magic").map_err(|_| GgufError::BadMagic {
@@ -351,6 +384,8 @@ impl Gguf {
             }
         }
 
+        check_overlaps(&tensors, data_offset)?;
+
         Ok(Gguf {
             version,
             metadata,
@@ -427,31 +462,42 @@ impl Gguf {
         }
     }
 
-    /// The elements of an array value of element type `elem`.
-    pub fn get_array(&self, key: &str) -> Result<(ValueType, &[Value]), GgufError> {
+    /// The elements of an array of any type, as values (cheap for numbers; strings are
+    /// cloned).
+    fn array_values(
+        &self,
+        key: &str,
+    ) -> Result<(ValueType, Box<dyn Iterator<Item = Value> + '_>), GgufError> {
         match self.require(key)? {
-            Value::Array(ty, items) => Ok((*ty, items)),
+            Value::Array(ty, items) => Ok((*ty, Box::new(items.iter().cloned()))),
+            Value::Scalars(a) => Ok((a.elem_type(), Box::new(a.iter()))),
             v => Err(wrong_type(key, "array", v.value_type())),
         }
     }
 
     /// An array of strings.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        let (ty, items) = self.get_array(key)?;
-        if ty != ValueType::String {
-            return Err(wrong_array(key, "array of string", ty));
+        match self.require(key)? {
+            Value::Array(ValueType::String, items) => {
+                Ok(items.iter().filter_map(Value::as_str).collect())
+            }
+            v => match v.array_info() {
+                Some((ty, _)) => Err(wrong_array(key, "array of string", ty)),
+                None => Err(wrong_type(key, "array", v.value_type())),
+            },
         }
-        Ok(items.iter().filter_map(Value::as_str).collect())
     }
 
     /// An array of `f32` (`f64` elements are narrowed).
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, GgufError> {
-        let (ty, items) = self.get_array(key)?;
+        if let Some(ScalarArray::F32(v)) = self.get(key).and_then(Value::as_scalars) {
+            return Ok(v.clone());
+        }
+        let (ty, items) = self.array_values(key)?;
         items
-            .iter()
             .map(|v| match v {
-                Value::F32(x) => Ok(*x),
-                Value::F64(x) => Ok(*x as f32),
+                Value::F32(x) => Ok(x),
+                Value::F64(x) => Ok(x as f32),
                 _ => Err(wrong_array(key, "array of f32", ty)),
             })
             .collect()
@@ -459,9 +505,11 @@ impl Gguf {
 
     /// An array of integers that each fit `i32` (any integer element type).
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>, GgufError> {
-        let (ty, items) = self.get_array(key)?;
+        if let Some(ScalarArray::I32(v)) = self.get(key).and_then(Value::as_scalars) {
+            return Ok(v.clone());
+        }
+        let (ty, items) = self.array_values(key)?;
         items
-            .iter()
             .map(|v| {
                 v.as_integer()
                     .and_then(|i| i32::try_from(i).ok())
@@ -472,9 +520,11 @@ impl Gguf {
 
     /// An array of integers that each fit `u32` (any integer element type).
     pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>, GgufError> {
-        let (ty, items) = self.get_array(key)?;
+        if let Some(ScalarArray::U32(v)) = self.get(key).and_then(Value::as_scalars) {
+            return Ok(v.clone());
+        }
+        let (ty, items) = self.array_values(key)?;
         items
-            .iter()
             .map(|v| {
                 v.as_integer()
                     .and_then(|i| u32::try_from(i).ok())
@@ -510,6 +560,39 @@ impl Gguf {
             .and_then(|(s, e)| bytes.get(s..e))
             .unwrap_or(&[])
     }
+}
+
+/// Refuses two tensors whose data share a byte (llama.cpp's loader refuses them too):
+/// aliased data would be read, converted and uploaded once per alias.
+fn check_overlaps(tensors: &[TensorInfo], data_offset: u64) -> Result<(), GgufError> {
+    // Ranges were checked to lie in the file, so these sums fit u64.
+    let range = |t: &TensorInfo| {
+        let start = data_offset + t.offset;
+        (start, start + t.n_bytes())
+    };
+    let mut order: Vec<usize> = (0..tensors.len())
+        .filter(|&i| tensors[i].n_bytes() > 0)
+        .collect();
+    order.sort_by_key(|&i| range(&tensors[i]));
+    // The tensor reaching furthest so far: any later start before its end overlaps it.
+    let mut reach: Option<usize> = None;
+    for &i in &order {
+        if let Some(j) = reach {
+            let (a, b) = (range(&tensors[j]), range(&tensors[i]));
+            if b.0 < a.1 {
+                return Err(GgufError::OverlappingTensors {
+                    first: tensors[j].name.clone(),
+                    first_range: a.0..a.1,
+                    second: tensors[i].name.clone(),
+                    second_range: b.0..b.1,
+                });
+            }
+        }
+        if reach.is_none_or(|j| range(&tensors[i]).1 > range(&tensors[j]).1) {
+            reach = Some(i);
+        }
+    }
+    Ok(())
 }
 
 fn wrong_array(key: &str, expected: &'static str, elem: ValueType) -> GgufError {

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::array::ScalarArray;
+
 /// A tensor's element type, with ggml's numbering (`GgmlType::Q8_0 as u32 == 8`).
 ///
 /// Numbers ggml has retired (4, 5: Q4_2/Q4_3; 31-33: the interleaved Q4_0 variants;
@@ -265,6 +267,16 @@ impl ValueType {
         }
     }
 
+    /// Bytes per element for the fixed-size (scalar) types; `None` for strings and
+    /// arrays.
+    pub fn scalar_size(self) -> Option<u64> {
+        use ValueType::*;
+        match self {
+            String | Array => None,
+            t => Some(t.min_encoded_size()),
+        }
+    }
+
     /// The fewest bytes one value of this type takes in a file (a string is at least its
     /// 8-byte length, an array at least its 4-byte type and 8-byte count). Used to reject
     /// counts that could not fit in the bytes that remain before allocating for them.
@@ -288,7 +300,11 @@ impl fmt::Display for ValueType {
 
 /// A metadata value. Arrays carry their element type (so an empty array keeps it) and
 /// may nest.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// The reader returns arrays of numbers and bools as [`Value::Scalars`] (compact) and
+/// arrays of strings or arrays as [`Value::Array`]; either form may be written. The two
+/// forms of the same elements compare equal.
+#[derive(Clone, Debug)]
 pub enum Value {
     U8(u8),
     I8(i8),
@@ -304,6 +320,36 @@ pub enum Value {
     U64(u64),
     I64(i64),
     F64(f64),
+    /// An array of numbers or bools, one element per `size_of` of its type.
+    Scalars(ScalarArray),
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        use Value::*;
+        match (self, other) {
+            (U8(a), U8(b)) => a == b,
+            (I8(a), I8(b)) => a == b,
+            (U16(a), U16(b)) => a == b,
+            (I16(a), I16(b)) => a == b,
+            (U32(a), U32(b)) => a == b,
+            (I32(a), I32(b)) => a == b,
+            (F32(a), F32(b)) => a == b,
+            (Bool(a), Bool(b)) => a == b,
+            (String(a), String(b)) => a == b,
+            (U64(a), U64(b)) => a == b,
+            (I64(a), I64(b)) => a == b,
+            (F64(a), F64(b)) => a == b,
+            (Array(ta, a), Array(tb, b)) => ta == tb && a == b,
+            (Scalars(a), Scalars(b)) => a == b,
+            (Array(ty, items), Scalars(s)) | (Scalars(s), Array(ty, items)) => {
+                *ty == s.elem_type()
+                    && items.len() == s.len()
+                    && items.iter().zip(s.iter()).all(|(a, b)| *a == b)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl Value {
@@ -319,7 +365,7 @@ impl Value {
             Value::F32(_) => ValueType::F32,
             Value::Bool(_) => ValueType::Bool,
             Value::String(_) => ValueType::String,
-            Value::Array(..) => ValueType::Array,
+            Value::Array(..) | Value::Scalars(_) => ValueType::Array,
             Value::U64(_) => ValueType::U64,
             Value::I64(_) => ValueType::I64,
             Value::F64(_) => ValueType::F64,
@@ -349,10 +395,28 @@ impl Value {
         }
     }
 
-    /// The elements, if this is an array value.
+    /// The elements, if this is an array of strings or arrays ([`Value::Array`]); see
+    /// [`Value::as_scalars`] for arrays of numbers.
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(_, v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The elements, if this is a compact array of numbers or bools.
+    pub fn as_scalars(&self) -> Option<&ScalarArray> {
+        match self {
+            Value::Scalars(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Element type and length, if this is an array in either form.
+    pub fn array_info(&self) -> Option<(ValueType, usize)> {
+        match self {
+            Value::Array(ty, v) => Some((*ty, v.len())),
+            Value::Scalars(a) => Some((a.elem_type(), a.len())),
             _ => None,
         }
     }
@@ -369,6 +433,7 @@ impl Value {
                 format!("{out:?}")
             }
             Value::Array(ty, v) => format!("[{ty}; {}]", v.len()),
+            Value::Scalars(a) => format!("[{}; {}]", a.elem_type(), a.len()),
             Value::U8(v) => v.to_string(),
             Value::I8(v) => v.to_string(),
             Value::U16(v) => v.to_string(),

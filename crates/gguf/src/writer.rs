@@ -234,6 +234,11 @@ fn write_value(buf: &mut Vec<u8>, v: &Value) -> io::Result<()> {
         Value::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::Scalars(a) => {
+            buf.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
+            buf.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            a.write_le(buf);
+        }
         Value::Array(ty, items) => {
             buf.extend_from_slice(&(*ty as u32).to_le_bytes());
             buf.extend_from_slice(&(items.len() as u64).to_le_bytes());

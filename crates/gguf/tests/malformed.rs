@@ -469,3 +469,62 @@ fn accessor_errors_name_the_key() {
     ));
     assert!(g.get_i32("n").is_ok() && g.get_u64("n").is_ok());
 }
+
+#[test]
+fn overlapping_tensor_data_is_refused_naming_both() {
+    // Issue 12 defect 9: aliases of one tensor's bytes made `convert` write each alias.
+    let raw = Raw::header(3, 3, 0)
+        .tensor("a", &[16], GgmlType::F32 as u32, 0)
+        .tensor("b", &[8], GgmlType::F32 as u32, 64)
+        .tensor("alias", &[8], GgmlType::F32 as u32, 32)
+        .data(32, 96);
+    let e = Gguf::parse(&raw.0).unwrap_err();
+    assert!(
+        matches!(e.root(), GgufError::OverlappingTensors { first, second, .. }
+            if first == "a" && second == "alias"),
+        "{e:?}"
+    );
+    assert_err(&raw, &["'a'", "'alias'", "overlap"]);
+    // The same offset twice, as in the reproducer.
+    let raw = Raw::header(3, 2, 0)
+        .tensor("token_embd.weight", &[8], GgmlType::F32 as u32, 0)
+        .tensor("copy", &[8], GgmlType::F32 as u32, 0)
+        .data(32, 32);
+    assert_err(&raw, &["'token_embd.weight'", "'copy'", "overlap"]);
+    // Adjacent tensors and empty ones are fine.
+    let raw = Raw::header(3, 3, 0)
+        .tensor("a", &[8], GgmlType::F32 as u32, 0)
+        .tensor("empty", &[0], GgmlType::F32 as u32, 0)
+        .tensor("b", &[8], GgmlType::F32 as u32, 32)
+        .data(32, 64);
+    Gguf::parse(&raw.0).unwrap();
+}
+
+#[test]
+fn scalar_arrays_read_back_compact_and_bool_elements_are_checked() {
+    let raw = Raw::header(3, 0, 2)
+        .str("u8s")
+        .u32(ValueType::Array as u32)
+        .u32(ValueType::U8 as u32)
+        .u64(3)
+        .bytes(&[1, 2, 255])
+        .str("bools")
+        .u32(ValueType::Array as u32)
+        .u32(ValueType::Bool as u32)
+        .u64(2)
+        .bytes(&[1, 7]);
+    assert_err(&raw, &["metadata key 'bools'", "0 or 1", "7"]);
+    let raw = Raw::header(3, 0, 1)
+        .str("u8s")
+        .u32(ValueType::Array as u32)
+        .u32(ValueType::U8 as u32)
+        .u64(3)
+        .bytes(&[1, 2, 255]);
+    let g = Gguf::parse(&raw.0).unwrap();
+    assert_eq!(
+        g.get("u8s").unwrap().as_scalars(),
+        Some(&gguf::ScalarArray::U8(vec![1, 2, 255]))
+    );
+    assert_eq!(g.get_u32_array("u8s").unwrap(), vec![1, 2, 255]);
+    assert!(g.get_str_array("u8s").is_err());
+}
