@@ -183,18 +183,24 @@ impl Vocab {
             None => vec![0.0; n],
         };
 
-        // A metadata id outside the vocabulary is ignored (llama.cpp warns and keeps
-        // the default); a default outside it is dropped.
-        let pick = |g: Option<u32>, d: Option<u32>| {
-            g.filter(|&id| (id as usize) < n)
-                .or(d.filter(|&id| (id as usize) < n))
+        // A metadata id outside the vocabulary is an error (llama.cpp warns and falls
+        // back to its default, which silently gave BOS id 11); a default outside it is
+        // dropped.
+        let pick = |key: &'static str, g: Option<u32>, d: Option<u32>| match g {
+            Some(id) if (id as usize) >= n => Err(TokenizerError::SpecialIdOutOfRange {
+                key,
+                id,
+                n_vocab: n,
+            }),
+            Some(id) => Ok(Some(id)),
+            None => Ok(d.filter(|&id| (id as usize) < n)),
         };
-        let bos = pick(given.bos, defaults.bos);
-        let eos = pick(given.eos, defaults.eos);
-        let unk = pick(given.unk, defaults.unk);
-        let pad = pick(given.pad, defaults.pad);
-        let eot = pick(given.eot, None);
-        let eom = pick(given.eom, None);
+        let bos = pick("tokenizer.ggml.bos_token_id", given.bos, defaults.bos)?;
+        let eos = pick("tokenizer.ggml.eos_token_id", given.eos, defaults.eos)?;
+        let unk = pick("tokenizer.ggml.unknown_token_id", given.unk, defaults.unk)?;
+        let pad = pick("tokenizer.ggml.padding_token_id", given.pad, defaults.pad)?;
+        let eot = pick("tokenizer.ggml.eot_token_id", given.eot, None)?;
+        let eom = pick("tokenizer.ggml.eom_token_id", given.eom, None)?;
 
         let find_first = |list: &[&str]| list.iter().filter_map(|t| ids.get(*t).copied()).min();
         let mut eog: Vec<u32> = Vec::new();

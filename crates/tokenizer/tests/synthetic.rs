@@ -283,3 +283,46 @@ fn broken_metadata_is_reported() {
     .unwrap_err();
     assert!(err.to_string().contains("add_bos_token"), "{err}");
 }
+
+#[test]
+fn special_ids_outside_the_vocabulary_are_refused() {
+    // Issue 12 defect 16: an out-of-range bos_token_id with add_bos_token became id 11.
+    let mut meta = vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre", Value::String("gpt2".into())),
+        (
+            "tokenizer.ggml.tokens",
+            strings(
+                &(0..20)
+                    .map(|i| format!("t{i}"))
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        ("tokenizer.ggml.merges", strings(&[])),
+        ("tokenizer.ggml.add_bos_token", Value::Bool(true)),
+    ];
+    for key in [
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.padding_token_id",
+        "tokenizer.ggml.unknown_token_id",
+        "tokenizer.ggml.eot_token_id",
+    ] {
+        for id in [20, 4_294_967_295] {
+            let mut m = meta.clone();
+            m.push((key, Value::U32(id)));
+            let err = Tokenizer::from_gguf(&gguf_of(m)).unwrap_err();
+            assert!(
+                matches!(err, TokenizerError::SpecialIdOutOfRange { key: k, id: i, n_vocab: 20 } if k == key && i == id),
+                "{key}={id}: {err:?}"
+            );
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+    meta.push(("tokenizer.ggml.bos_token_id", Value::U32(19)));
+    let t = Tokenizer::from_gguf(&gguf_of(meta)).unwrap();
+    assert_eq!(t.bos(), Some(19));
+}
