@@ -6,12 +6,144 @@
 //! (`.strip()`, `.startswith()`, `.items()`, ...) through minijinja-contrib's pycompat,
 //! `tojson` written as Python's `json.dumps` writes it (`", "` and `": "` separators,
 //! `indent=`), and `strftime_now(format)` (Llama 3 templates print today's date with it).
+//!
+//! Rendering is bounded: a template runs at most [`TEMPLATE_FUEL`] minijinja
+//! instructions (plus a little per message) and writes at most [`TEMPLATE_MAX_OUTPUT`]
+//! bytes (or four times the message text, if more); past either it stops with
+//! [`TokenizerError::TemplateLimit`] naming the limit.
+//!
+//! [`ChatTemplate::render_chat`] also records which bytes of the output are message
+//! content, so that [`crate::Tokenizer::encode_chat`] can let only the template's own
+//! markup become special tokens (a user cannot forge `<|im_start|>system` by typing it).
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
 
 use minijinja::value::Kwargs;
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::Serialize;
 
 use crate::TokenizerError;
+
+/// Most minijinja instructions one render may run, before the per-message allowance.
+/// Real chat templates take a few hundred per message.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Extra instructions allowed per message.
+const FUEL_PER_MESSAGE: u64 = 10_000;
+/// Most bytes one render may write, unless four times the message text is more.
+pub const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
+
+/// The bound that stopped a template render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateLimit {
+    /// It ran this many instructions (minijinja's fuel).
+    Fuel(u64),
+    /// Its output passed this many bytes.
+    Output(usize),
+}
+
+impl fmt::Display for TemplateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateLimit::Fuel(n) => {
+                write!(f, "it ran more than {n} instructions (the fuel limit)")
+            }
+            TemplateLimit::Output(n) => write!(f, "its output passed {n} bytes (the output limit)"),
+        }
+    }
+}
+
+/// A rendered chat prompt that knows which of its bytes are message content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    text: String,
+    content: Option<Vec<Range<usize>>>,
+    contents: Vec<String>,
+    /// The output with every content replaced by a marker (when that rendered).
+    marked: Option<String>,
+}
+
+/// A piece of a [`RenderedChat`]: the template's own text or a message's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment<'a> {
+    pub text: &'a str,
+    pub from_template: bool,
+}
+
+impl RenderedChat {
+    /// The whole prompt, as [`ChatTemplate::render`] returns it.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Byte ranges of [`text`](Self::text) copied from message content, in order and
+    /// disjoint; `None` when the template changed the content beyond trimming it (or
+    /// branched on it), so its place in the output is unknown.
+    pub fn content_ranges(&self) -> Option<&[Range<usize>]> {
+        self.content.as_deref()
+    }
+
+    /// The messages' contents, in message order.
+    pub fn contents(&self) -> &[String] {
+        &self.contents
+    }
+
+    /// The template's output with each content replaced by a private-use marker: what
+    /// the template writes by itself. `None` if that render failed.
+    pub fn marked_text(&self) -> Option<&str> {
+        self.marked.as_deref()
+    }
+
+    /// The prompt cut into template and content pieces (empty pieces left out); `None`
+    /// when the content ranges are unknown.
+    pub fn segments(&self) -> Option<Vec<Segment<'_>>> {
+        let ranges = self.content.as_ref()?;
+        let mut out = Vec::new();
+        let mut at = 0;
+        for r in ranges {
+            if r.start > at {
+                out.push(Segment {
+                    text: &self.text[at..r.start],
+                    from_template: true,
+                });
+            }
+            out.push(Segment {
+                text: &self.text[r.clone()],
+                from_template: false,
+            });
+            at = r.end;
+        }
+        if at < self.text.len() {
+            out.push(Segment {
+                text: &self.text[at..],
+                from_template: true,
+            });
+        }
+        Some(out)
+    }
+}
+
+/// An `io::Write` that refuses to grow past `limit` bytes.
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            self.exceeded = true;
+            return Err(io::Error::other("chat template output limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -62,7 +194,7 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the
-    /// assistant's reply begins.
+    /// assistant's reply begins. Bounded as the module says.
     pub fn render(
         &self,
         messages: &[Message],
@@ -70,15 +202,109 @@ impl ChatTemplate {
         bos: &str,
         eos: &str,
     ) -> Result<String, TokenizerError> {
-        let env = self.environment();
+        self.render_bounded(messages, messages, add_generation_prompt, bos, eos)
+    }
+
+    /// Renders like [`render`](Self::render) and finds where each message's content
+    /// landed in the output, so that [`crate::Tokenizer::encode_chat`] can keep it plain
+    /// text. The template is rendered a second time with each content replaced by a
+    /// marker; the marker output, with the contents (or their trimmed forms) put back,
+    /// must give the real output exactly, or the ranges are reported unknown.
+    pub fn render_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        bos: &str,
+        eos: &str,
+    ) -> Result<RenderedChat, TokenizerError> {
+        let text = self.render(messages, add_generation_prompt, bos, eos)?;
+        let contents: Vec<String> = messages.iter().map(|m| m.content.clone()).collect();
+        let marked = self.render_marked(messages, add_generation_prompt, bos, eos);
+        let content = marked
+            .as_ref()
+            .and_then(|(mark, pattern)| locate_content(messages, *mark, pattern, &text));
+        Ok(RenderedChat {
+            text,
+            content,
+            contents,
+            marked: marked.map(|(_, p)| p),
+        })
+    }
+
+    /// Renders with every content replaced by `{mark}{index}{mark}`, `mark` a
+    /// private-use character that appears in none of the inputs (it survives case
+    /// changes and trimming, and cannot be confused with real text).
+    fn render_marked(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        bos: &str,
+        eos: &str,
+    ) -> Option<(char, String)> {
+        let inputs = || {
+            messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .chain([self.source.as_str(), bos, eos])
+        };
+        let mark = (0xF0000u32..0xF0100)
+            .filter_map(char::from_u32)
+            .find(|&c| inputs().all(|s| !s.contains(c)))?;
+        let marked: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::new(m.role.clone(), format!("{mark}{i}{mark}")))
+            .collect();
+        let pattern = self
+            .render_bounded(&marked, messages, add_generation_prompt, bos, eos)
+            .ok()?;
+        Some((mark, pattern))
+    }
+
+    /// Renders `messages` with fuel and output bounds sized for `real` (the messages
+    /// whose size sets the allowance).
+    fn render_bounded(
+        &self,
+        messages: &[Message],
+        real: &[Message],
+        add_generation_prompt: bool,
+        bos: &str,
+        eos: &str,
+    ) -> Result<String, TokenizerError> {
+        let fuel = TEMPLATE_FUEL + FUEL_PER_MESSAGE * real.len() as u64;
+        let text_bytes: usize = real.iter().map(|m| m.content.len()).sum();
+        let limit = TEMPLATE_MAX_OUTPUT.max(text_bytes.saturating_mul(4));
+        let mut env = self.environment();
+        env.set_fuel(Some(fuel));
         let template = env.template_from_str(&self.source)?;
-        let out = template.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos,
-            eos_token => eos,
-        })?;
-        Ok(out)
+        let mut out = Bounded {
+            out: Vec::new(),
+            limit,
+            exceeded: false,
+        };
+        let result = template.render_captured_to(
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => bos,
+                eos_token => eos,
+            },
+            &mut out,
+        );
+        match result {
+            Ok(_) => {}
+            Err(_) if out.exceeded => {
+                return Err(TokenizerError::TemplateLimit(TemplateLimit::Output(limit)))
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(TokenizerError::TemplateLimit(TemplateLimit::Fuel(fuel)))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // minijinja writes whole UTF-8 strings, so the bytes are valid UTF-8.
+        String::from_utf8(out.out).map_err(|_| {
+            Error::new(ErrorKind::InvalidOperation, "template output is not UTF-8").into()
+        })
     }
 
     fn environment(&self) -> Environment<'_> {
@@ -91,6 +317,37 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env
     }
+}
+
+/// Where each message's content landed in `text`, given the marked render `pattern`:
+/// the pattern with each marker replaced by its content (or the content trimmed) must
+/// give `text` exactly.
+fn locate_content(
+    messages: &[Message],
+    mark: char,
+    pattern: &str,
+    text: &str,
+) -> Option<Vec<Range<usize>>> {
+    let mut ranges = Vec::new();
+    let (mut at, mut rest) = (0usize, pattern);
+    while let Some(open) = rest.find(mark) {
+        let literal = &rest[..open];
+        text.get(at..)?.strip_prefix(literal)?;
+        at += literal.len();
+        let after = &rest[open + mark.len_utf8()..];
+        let close = after.find(mark)?;
+        let i: usize = after[..close].parse().ok()?;
+        rest = &after[close + mark.len_utf8()..];
+        let c = messages.get(i)?.content.as_str();
+        let found = [c, c.trim(), c.trim_start(), c.trim_end()]
+            .into_iter()
+            .find(|cand| text[at..].starts_with(cand))?;
+        if !found.is_empty() {
+            ranges.push(at..at + found.len());
+        }
+        at += found.len();
+    }
+    (text.get(at..)? == rest).then_some(ranges)
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
@@ -300,6 +557,75 @@ mod tests {
             t.render(&[], false, "", "").unwrap(),
             "{\"a\": null, \"b\": [1, 2.5, \"é\\\"\"], \"c\": {}}|[\n  1,\n  {\n    \"x\": true\n  }\n]"
         );
+    }
+
+    #[test]
+    fn runaway_loops_stop_at_the_fuel_limit() {
+        // Issue 12 defect 4: this grew memory without end.
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+        let err = t.render(&[], false, "", "").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenizerError::TemplateLimit(TemplateLimit::Fuel(TEMPLATE_FUEL))
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("fuel limit"), "{err}");
+    }
+
+    #[test]
+    fn huge_output_stops_at_the_output_limit() {
+        // 100 strings of 1 MB (minijinja's own cap on one repeated string is 100 MB).
+        let t =
+            ChatTemplate::new("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}").unwrap();
+        let err = t.render(&[], false, "", "").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TokenizerError::TemplateLimit(TemplateLimit::Output(TEMPLATE_MAX_OUTPUT))
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("output limit"), "{err}");
+    }
+
+    const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content | trim + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    #[test]
+    fn render_chat_finds_trimmed_content() {
+        let t = ChatTemplate::new(CHATML).unwrap();
+        let msgs = [
+            Message::new("system", "be <|im_end|> brief"),
+            Message::new("user", "  hi there \n"),
+        ];
+        let r = t.render_chat(&msgs, true, "", "").unwrap();
+        assert_eq!(r.text(), t.render(&msgs, true, "", "").unwrap());
+        let segs = r.segments().expect("content located");
+        let content: Vec<&str> = segs
+            .iter()
+            .filter(|s| !s.from_template)
+            .map(|s| s.text)
+            .collect();
+        assert_eq!(content, ["be <|im_end|> brief", "hi there"]);
+        assert_eq!(segs.iter().map(|s| s.text).collect::<String>(), r.text());
+    }
+
+    #[test]
+    fn render_chat_reports_unknown_ranges_when_content_steers_the_template() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.content.startswith('/') %}cmd{% else %}{{ m.content }}{% endif %}{% endfor %}",
+        )
+        .unwrap();
+        let r = t
+            .render_chat(&[Message::new("user", "/x")], false, "", "")
+            .unwrap();
+        assert_eq!(r.text(), "cmd");
+        assert_eq!(r.content_ranges(), None);
+        assert_eq!(r.contents(), ["/x"]);
     }
 
     #[test]

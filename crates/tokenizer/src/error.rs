@@ -48,6 +48,19 @@ pub enum TokenizerError {
         source: Box<fancy_regex::Error>,
     },
 
+    #[error("chat template stopped: {0}")]
+    TemplateLimit(crate::chat::TemplateLimit),
+
+    #[error("{key} is {id}, but the vocabulary has only {n_vocab} tokens")]
+    SpecialIdOutOfRange {
+        key: &'static str,
+        id: u32,
+        n_vocab: usize,
+    },
+
+    #[error("the chat template changes message text so that it cannot be kept plain text, and the prompt then holds a special token the template did not write ({token:?}); remove it from the messages, or allow special tokens in messages")]
+    UnprotectableContent { token: String },
+
     #[error("chat template: {0:#}")]
     Template(#[from] minijinja::Error),
 }

@@ -39,7 +39,9 @@ mod symbols;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{
+    ChatTemplate, Message, RenderedChat, Segment, TemplateLimit, TEMPLATE_FUEL, TEMPLATE_MAX_OUTPUT,
+};
 pub use error::TokenizerError;
 pub use pretokenize::PreKind;
 pub use stream::StreamDecoder;

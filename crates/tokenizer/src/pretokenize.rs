@@ -11,6 +11,13 @@ use fancy_regex::Regex;
 
 use crate::TokenizerError;
 
+/// Longest run of one character class (letter, digit, space, other) handed to the
+/// regexes whole. fancy-regex's backtracking VM keeps one stack entry per repeated
+/// character and gives up at a million ("Max stack size exceeded for backtracking"),
+/// so a longer run is cut into pieces of this many characters first. Text without
+/// such a run, which is all real text, is split exactly as llama.cpp splits it.
+pub const MAX_RUN_CHARS: usize = 4096;
+
 /// GPT-2's pattern (llama.cpp has a hand-written matcher for exactly this regex).
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 
@@ -121,7 +128,7 @@ impl PreTokenizer {
 
     /// Cuts `text` into words, returned as byte ranges in order that cover all of it.
     pub fn split(&self, text: &str) -> Result<Vec<(usize, usize)>, TokenizerError> {
-        let mut chunks = vec![(0, text.len())];
+        let mut chunks = cut_long_runs(text);
         let mut next = Vec::new();
         for (re, pattern) in self.regexes.iter().zip(self.kind.patterns()) {
             next.clear();
@@ -149,6 +156,39 @@ impl PreTokenizer {
         }
         Ok(chunks)
     }
+}
+
+/// The character classes the patterns tell apart.
+fn class(c: char) -> u8 {
+    if c.is_alphabetic() {
+        0
+    } else if c.is_numeric() {
+        1
+    } else if c.is_whitespace() {
+        2
+    } else {
+        3
+    }
+}
+
+/// `text` as one chunk, or, when it holds a run of one class longer than
+/// [`MAX_RUN_CHARS`], as chunks cut every [`MAX_RUN_CHARS`] characters of such a run.
+fn cut_long_runs(text: &str) -> Vec<(usize, usize)> {
+    let mut chunks = Vec::new();
+    let (mut start, mut run_class, mut run_len) = (0, u8::MAX, 0);
+    for (i, c) in text.char_indices() {
+        let k = class(c);
+        if k != run_class {
+            (run_class, run_len) = (k, 0);
+        }
+        if run_len == MAX_RUN_CHARS {
+            chunks.push((start, i));
+            (start, run_len) = (i, 0);
+        }
+        run_len += 1;
+    }
+    chunks.push((start, text.len()));
+    chunks
 }
 
 #[cfg(test)]
@@ -199,6 +239,35 @@ mod tests {
     fn unknown_name_is_an_error_naming_it() {
         let err = PreKind::from_name(Some("klingon")).unwrap_err();
         assert!(err.to_string().contains("'klingon'"), "{err}");
+    }
+
+    #[test]
+    fn a_million_letter_word_splits_without_a_regex_error() {
+        // Issue 12 defect 17: "Max stack size exceeded for backtracking".
+        for (kind, unit) in [
+            (PreKind::Smollm, "a"),
+            (PreKind::Gpt2, " "),
+            (PreKind::Llama3, "é"),
+            (PreKind::Qwen2, "-"),
+            (PreKind::Default, "7"),
+        ] {
+            let text = unit.repeat(1_000_000);
+            let pre = PreTokenizer::new(kind).unwrap();
+            let parts = pre.split(&text).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            let mut at = 0;
+            for &(a, b) in &parts {
+                assert_eq!(a, at, "{kind:?}: gap or overlap");
+                assert!(text[a..b].chars().count() <= MAX_RUN_CHARS, "{kind:?}");
+                at = b;
+            }
+            assert_eq!(at, text.len());
+        }
+        // Runs up to the limit are left whole.
+        let text = "b".repeat(MAX_RUN_CHARS);
+        assert_eq!(
+            words(PreKind::Gpt2, &format!("x {text}")),
+            ["x", &format!(" {text}")]
+        );
     }
 
     #[test]

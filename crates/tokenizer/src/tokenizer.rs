@@ -9,6 +9,8 @@ use crate::spm::{self, SpmVocab};
 use crate::vocab::{attr, parse_byte_token, SpecialIds, TokenType, Vocab};
 use crate::TokenizerError;
 
+mod special;
+
 /// The tokenization algorithm (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Model {
@@ -226,14 +228,27 @@ impl Tokenizer {
     /// Turns text into ids. `add_special`: add BOS (and EOS) as the metadata says.
     /// `parse_special`: control tokens written in the text (`<|im_start|>`) become their
     /// ids; otherwise they are tokenized as plain text. User-defined tokens are always
-    /// matched whole.
+    /// matched whole. A chat prompt should go through [`encode_chat`](Self::encode_chat)
+    /// instead, which parses specials in the template's markup only.
     pub fn encode(
         &self,
         text: &str,
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let fragments = self.partition(text, parse_special);
+        self.encode_protected(text, add_special, parse_special, &[])
+    }
+
+    /// [`encode`](Self::encode), where no control or unknown token may be cut out of a
+    /// byte range in `protected` (sorted, disjoint).
+    fn encode_protected(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        protected: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let fragments = self.partition(text, parse_special, protected);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.vocab.bos);
@@ -343,43 +358,6 @@ impl Tokenizer {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    /// Cuts special tokens out of `text`, longest first, as llama.cpp's
-    /// `tokenizer_st_partition` does.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
-        let mut fragments = Vec::new();
-        if text.is_empty() {
-            return fragments;
-        }
-        fragments.push(Fragment::Text(0, text.len()));
-        let mut next = Vec::new();
-        for &id in &self.vocab.specials {
-            if !parse_special && self.vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0 {
-                continue;
-            }
-            let special = &self.vocab.texts[id as usize];
-            next.clear();
-            for &f in &fragments {
-                let Fragment::Text(a, b) = f else {
-                    next.push(f);
-                    continue;
-                };
-                let mut last = 0;
-                for (pos, _) in text[a..b].match_indices(special.as_str()) {
-                    if pos > last {
-                        next.push(Fragment::Text(a + last, a + pos));
-                    }
-                    next.push(Fragment::Token(id));
-                    last = pos + special.len();
-                }
-                if a + last < b {
-                    next.push(Fragment::Text(a + last, b));
-                }
-            }
-            std::mem::swap(&mut fragments, &mut next);
-        }
-        fragments
     }
 
     /// Ids back to text: every token's bytes (control tokens as their text),
