@@ -178,6 +178,7 @@ impl Config {
                 });
             }
         }
+        crate::validate::validate(&cfg)?;
         Ok(cfg)
     }
 

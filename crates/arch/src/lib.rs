@@ -5,8 +5,10 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod validate;
 
 pub use config::{Arch, Config, RopeMode};
+pub use validate::{MAX_CONTEXT_LENGTH, MAX_RMS_EPS};
 
 /// What is wrong with a file's description of its model: an unknown architecture, a
 /// missing or meaningless key, a missing tensor or one of the wrong shape.

@@ -1,0 +1,203 @@
+//! Refuses hyper-parameters that parse but mean nothing (issue 12: a negative RMS
+//! epsilon or a zero RoPE base gave NaN logits, a context length of 2^58 made the K/V
+//! cache size wrap to a few bytes), and sizes that follow from a valid config with
+//! checked arithmetic.
+//!
+//! The context bound: a context length is at most [`MAX_CONTEXT_LENGTH`] (2^24 = 16.7M
+//! positions, above any released model's), and with it the largest per-context buffer,
+//! `2 · n_layers · context_length · max(dim, q_dim, kv_dim, hidden_dim) · 8` bytes, must
+//! fit both `u64` and `usize`. Every size the engine and the reference derive from the
+//! context (K/V cache `2 · n_layers · ctx · kv_dim · 4`, attention scores
+//! `n_heads · ctx · 4`, activations `ctx · dim · 4`) is below that, so it cannot
+//! overflow; whether it fits the memory at hand is the caller's check.
+
+use crate::{Config, ConfigError};
+
+/// The largest `context_length` accepted from a file.
+pub const MAX_CONTEXT_LENGTH: usize = 1 << 24;
+
+/// The largest `rms_eps` accepted: real models use 1e-5 or 1e-6; anything near 1 or
+/// above swamps the activations it normalises.
+pub const MAX_RMS_EPS: f32 = 1.0;
+
+fn bad(key: String, reason: String) -> ConfigError {
+    ConfigError::BadMetadata { key, reason }
+}
+
+/// Checks a config built by [`Config::from_gguf`]; errors name the key and the value.
+pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
+    let p = cfg.arch.name();
+    let key = |k: &str| format!("{p}.{k}");
+
+    let eps = cfg.rms_eps;
+    if !(eps.is_finite() && eps > 0.0 && eps <= MAX_RMS_EPS) {
+        return Err(bad(
+            key("attention.layer_norm_rms_epsilon"),
+            format!("{eps} must be a finite number in (0, {MAX_RMS_EPS}]"),
+        ));
+    }
+    let base = cfg.rope_base;
+    if !(base.is_finite() && base >= 1.0) {
+        // Below 1 the rotation frequencies base^(-2i/d) grow with i and, for tiny bases,
+        // overflow to infinity.
+        return Err(bad(
+            key("rope.freq_base"),
+            format!("{base} must be a finite number of at least 1"),
+        ));
+    }
+    if cfg.hidden_dim == 0 {
+        return Err(bad(key("feed_forward_length"), "0 must be positive".into()));
+    }
+    if cfg.vocab_size == 0 || u32::try_from(cfg.vocab_size).is_err() {
+        return Err(ConfigError::TensorShape {
+            name: "token_embd.weight".into(),
+            expected: format!("[{}, n_vocab] with 1 <= n_vocab <= 2^32-1", cfg.dim),
+            found: vec![cfg.dim as u64, cfg.vocab_size as u64],
+        });
+    }
+    let ctx = cfg.context_length;
+    if ctx == 0 || ctx > MAX_CONTEXT_LENGTH {
+        return Err(bad(
+            key("context_length"),
+            format!("{ctx} must be between 1 and {MAX_CONTEXT_LENGTH}"),
+        ));
+    }
+    if cfg.largest_context_bytes(ctx).is_none() {
+        return Err(bad(
+            key("context_length"),
+            format!(
+                "{ctx} positions of {} layers x {} wide overflow the size arithmetic",
+                cfg.n_layers,
+                cfg.widest()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// The widest per-position vector: max of dim, q_dim, kv_dim and hidden_dim (checked).
+    fn widest(&self) -> u64 {
+        let q = (self.n_heads as u64).checked_mul(self.head_dim as u64);
+        let kv = (self.n_kv_heads as u64).checked_mul(self.head_dim as u64);
+        match (q, kv) {
+            (Some(q), Some(kv)) => q.max(kv).max(self.dim as u64).max(self.hidden_dim as u64),
+            _ => u64::MAX,
+        }
+    }
+
+    /// `2 · n_layers · ctx_len · widest · 8` bytes if that fits `u64` and `usize`: the
+    /// bound under which every per-context size is computed.
+    fn largest_context_bytes(&self, ctx_len: usize) -> Option<u64> {
+        [self.n_layers as u64, ctx_len as u64, self.widest(), 8]
+            .into_iter()
+            .try_fold(2u64, u64::checked_mul)
+            .filter(|&b| usize::try_from(b).is_ok())
+    }
+
+    /// Bytes of an f32 K/V cache for `ctx_len` positions (`2 · n_layers · ctx_len ·
+    /// kv_dim · 4`), or `None` if it overflows `u64`/`usize`.
+    pub fn kv_cache_bytes(&self, ctx_len: usize) -> Option<u64> {
+        [
+            self.n_layers as u64,
+            ctx_len as u64,
+            self.n_kv_heads as u64,
+            self.head_dim as u64,
+            4,
+        ]
+        .into_iter()
+        .try_fold(2u64, u64::checked_mul)
+        .filter(|&b| usize::try_from(b).is_ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Arch, RopeMode};
+
+    fn smollm() -> Config {
+        Config {
+            arch: Arch::Llama,
+            n_layers: 30,
+            dim: 576,
+            hidden_dim: 1536,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            vocab_size: 49152,
+            context_length: 8192,
+            rms_eps: 1e-5,
+            rope_base: 100_000.0,
+            rope_mode: RopeMode::Normal,
+            tied_output: true,
+        }
+    }
+
+    fn reason(c: &Config) -> String {
+        validate(c).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_real_config_passes_and_sizes_its_cache() {
+        let c = smollm();
+        validate(&c).unwrap();
+        // 2 x 30 layers x 8192 x 192 x 4 bytes.
+        assert_eq!(c.kv_cache_bytes(8192), Some(377_487_360));
+        assert_eq!(c.kv_cache_bytes(usize::MAX), None);
+    }
+
+    #[test]
+    fn meaningless_values_are_refused_naming_key_and_value() {
+        for eps in [0.0, -1.0, f32::NAN, f32::INFINITY, 2.0] {
+            let c = Config {
+                rms_eps: eps,
+                ..smollm()
+            };
+            let r = reason(&c);
+            assert!(
+                r.contains("llama.attention.layer_norm_rms_epsilon")
+                    && r.contains(&eps.to_string()),
+                "{r}"
+            );
+        }
+        for base in [0.0, -10_000.0, 0.5, f32::NAN, f32::NEG_INFINITY] {
+            let c = Config {
+                rope_base: base,
+                ..smollm()
+            };
+            let r = reason(&c);
+            assert!(
+                r.contains("llama.rope.freq_base") && r.contains(&base.to_string()),
+                "{r}"
+            );
+        }
+        for ctx in [0, MAX_CONTEXT_LENGTH + 1, 1 << 58, usize::MAX] {
+            let c = Config {
+                context_length: ctx,
+                ..smollm()
+            };
+            let r = reason(&c);
+            assert!(
+                r.contains("llama.context_length") && r.contains(&ctx.to_string()),
+                "{r}"
+            );
+        }
+        let r = reason(&Config {
+            vocab_size: 0,
+            ..smollm()
+        });
+        assert!(r.contains("token_embd.weight"), "{r}");
+        let r = reason(&Config {
+            hidden_dim: 0,
+            ..smollm()
+        });
+        assert!(r.contains("llama.feed_forward_length"), "{r}");
+        // A context within the cap whose cache size overflows with absurd widths.
+        let r = reason(&Config {
+            head_dim: 1 << 40,
+            ..smollm()
+        });
+        assert!(r.contains("overflow"), "{r}");
+    }
+}
