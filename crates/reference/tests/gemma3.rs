@@ -70,8 +70,10 @@ fn prompt_ids(g: &Gemma, text: &str, expected: &[u32]) -> Vec<u32> {
     ids
 }
 
-/// (prompt, llama.cpp's ids, llama.cpp's F32 first-position top-5).
-const TOP5: [(&str, &[u32], [(u32, f32); 5]); 4] = [
+/// (prompt, llama.cpp's ids, llama.cpp's F32 first-position top-5 as (id, logit)).
+type Yardstick = (&'static str, &'static [u32], [(u32, f32); 5]);
+
+const TOP5: [Yardstick; 4] = [
     (
         "The capital of France is",
         &[2, 818, 5279, 529, 7001, 563],
@@ -123,7 +125,13 @@ fn first_position_top5_matches_llama_cpp_f32() {
     let Some(g) = gemma() else { return };
     let cfg = g.model.config();
     assert_eq!(
-        (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+        (
+            cfg.n_layers,
+            cfg.dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim
+        ),
         (18, 640, 4, 1, 256)
     );
     let t = Instant::now();
@@ -179,7 +187,12 @@ fn greedy_texts_match_llama_cpp_f32() {
     // llama.cpp's first top-2 margin under 0.02 is at its token 16: the text must agree
     // through token 15; past it both continuations are legitimate.
     let want = " the capital of the country of France. It is the largest city in France and the second largest city in Europe. It is located in the middle of the country";
-    let (ids, margins) = greedy(g, "The capital of France is", &[2, 818, 5279, 529, 7001, 563], 32);
+    let (ids, margins) = greedy(
+        g,
+        "The capital of France is",
+        &[2, 818, 5279, 529, 7001, 563],
+        32,
+    );
     let text = g.tok.decode(&ids);
     eprintln!("France: {text:?}\n  ids {ids:?}\n  margins {margins:?}");
     let sure = g.tok.decode(&ids[..15]);
@@ -193,14 +206,115 @@ fn greedy_texts_match_llama_cpp_f32() {
     );
 
     // No margin under 0.02 in llama.cpp's run: the whole text must agree.
-    let want = "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return 1\n    elif n == ";
-    let (ids, margins) = greedy(g, "def fibonacci(n):", &[2, 2063, 10779, 78113, 236769, 236749, 1473], 32);
+    let want =
+        "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return 1\n    elif n == ";
+    let (ids, margins) = greedy(
+        g,
+        "def fibonacci(n):",
+        &[2, 2063, 10779, 78113, 236769, 236749, 1473],
+        32,
+    );
     let text = g.tok.decode(&ids);
     eprintln!("fibonacci: {text:?}\n  ids {ids:?}\n  margins {margins:?}");
     assert!(
         text.starts_with(want) || want.starts_with(&text),
         "greedy text {text:?} differs from llama.cpp's {want:?}"
     );
-    assert!(text.len() >= want.len(), "{text:?} is shorter than {want:?}");
+    assert!(
+        text.len() >= want.len(),
+        "{text:?} is shorter than {want:?}"
+    );
     eprintln!("2 greedy runs of 32 tokens in {:.2?}", t.elapsed());
+}
+
+#[test]
+fn description_of_the_real_file() {
+    let Some(g) = gemma() else { return };
+    let cfg = g.model.config();
+    for l in 0..18 {
+        let la = cfg.layer_attention(l);
+        if l % 6 == 5 {
+            assert_eq!((la.window, la.rope_base), (None, 1_000_000.0), "layer {l}");
+        } else {
+            assert_eq!(
+                (la.window, la.rope_base),
+                (Some(512), 10_000.0),
+                "layer {l}"
+            );
+        }
+    }
+    assert_eq!(cfg.embd_scale, 640f32.sqrt());
+    assert_eq!(cfg.attn_scale, 1.0 / 16.0, "1/sqrt(head_dim 256)");
+    assert_eq!(
+        cfg.final_logit_softcap, None,
+        "this file has no softcapping key"
+    );
+    assert!(cfg.tied_output && cfg.qk_norm && cfg.post_norms);
+    // Gemma's RMS norms multiply by (1 + w): the file's weights already hold the 1
+    // (llama.cpp's converter adds it), so they sit around 1, not around 0.
+    let mean = |w: &[f32]| w.iter().sum::<f32>() / w.len() as f32;
+    let l0 = &g.model.layers[0];
+    for (name, w) in [
+        ("attn_norm", &l0.attn_norm),
+        ("ffn_norm", &l0.ffn_norm),
+        ("attn_q_norm", l0.attn_q_norm.as_ref().unwrap()),
+    ] {
+        eprintln!("blk.0.{name} mean {}", mean(w));
+        assert!(
+            mean(w) > 0.5,
+            "blk.0.{name}.weight mean {} (no +1 baked in?)",
+            mean(w)
+        );
+    }
+}
+
+#[test]
+fn sliding_window_bites_past_512_positions() {
+    let Some(g) = gemma() else { return };
+    let cfg = g.model.config();
+    let text = "The quick brown fox jumps over the lazy dog while the cat sleeps. ".repeat(60);
+    let ids = g.tok.encode(&text, true, false).unwrap();
+    assert!(ids.len() > 530, "{} tokens", ids.len());
+    let ids = &ids[..530];
+    let pos = ids.len() - 1;
+    let t = Instant::now();
+    let mut state = State::new(cfg, ids.len());
+    for (p, &tok) in ids[..pos].iter().enumerate() {
+        forward_layers(&g.model, &mut state, tok, p, &mut |_, _| {}).unwrap();
+    }
+    let clean = state;
+    let want = forward(&g.model, &mut clean.clone(), ids[pos], pos, &mut |_, _| {})
+        .unwrap()
+        .to_vec();
+    assert!(want.iter().all(|v| v.is_finite()));
+    eprintln!(
+        "530-token prompt: top-5 at position {pos} {:?} ({:.2?})",
+        top(&want, 5),
+        t.elapsed()
+    );
+
+    // The local layers' cache before the window (positions 0..18 at position 529) is
+    // never read: poisoning it changes nothing.
+    let kv = cfg.kv_dim();
+    let first = pos + 1 - 512;
+    let mut poisoned = clean.clone();
+    for l in (0..18).filter(|l| l % 6 != 5) {
+        assert_eq!(cfg.layer_attention(l).first_visible(pos), first);
+        poisoned.key_cache[l][..first * kv].fill(f32::NAN);
+        poisoned.value_cache[l][..first * kv].fill(f32::NAN);
+    }
+    let got = forward(&g.model, &mut poisoned, ids[pos], pos, &mut |_, _| {}).unwrap();
+    assert_eq!(
+        got,
+        &want[..],
+        "a sliding-window layer read before its window"
+    );
+    // A global layer does read position 0.
+    let mut global = clean;
+    global.value_cache[5][..kv].fill(f32::NAN);
+    let got = forward(&g.model, &mut global, ids[pos], pos, &mut |_, _| {}).unwrap();
+    assert!(
+        got.iter().all(|v| v.is_nan()),
+        "global layer 5 ignored position 0"
+    );
 }
