@@ -7,38 +7,14 @@
 
 use gguf::{Gguf, Value};
 
-use crate::ConfigError;
+use crate::{Arch, ConfigError, FfnAct, RopeMode, SlidingWindow};
 
-/// Which elements of a head RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeMode {
-    /// llama ("normal"): pairs `(x[2i], x[2i+1])`. GGUF's llama Q/K weights are stored
-    /// permuted so that adjacent pairs are the rotated ones.
-    Normal,
-    /// GPT-NeoX style (qwen2): pairs `(x[i], x[i + head_dim/2])`.
-    Neox,
-}
-
-/// The decoder families vkdecode knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// `llama` (SmolLM2, Llama 2/3, ...): normal RoPE, no q/k/v biases.
-    Llama,
-    /// `qwen2`: q/k/v biases and NeoX RoPE.
-    Qwen2,
-}
-
-impl Arch {
-    /// The `general.architecture` string and metadata key prefix.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-        }
-    }
-}
-
-/// Hyper-parameters of a Llama-family decoder.
+/// Hyper-parameters of a decoder, and what its graph does (per-family behaviour resolved
+/// into plain fields by [`Config::from_gguf`]).
+///
+/// Every RMS norm multiplies by its weight as stored: Gemma's `(1 + w)` is already in the
+/// file (llama.cpp's converter adds the 1 to every `*norm.weight` of gemma3), so no family
+/// adds anything at run time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub arch: Arch,
@@ -49,15 +25,42 @@ pub struct Config {
     pub hidden_dim: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// `attention.key_length` (= `value_length`), else `dim / n_heads`.
     pub head_dim: usize,
     pub vocab_size: usize,
     /// The context length the model was trained for.
     pub context_length: usize,
     pub rms_eps: f32,
+    /// RoPE base of the global (non-sliding-window) layers: `rope.freq_base`.
     pub rope_base: f32,
+    /// RoPE position scale of the global layers: `1/rope.scaling.factor` for linear
+    /// scaling, 1 without.
+    pub rope_scale: f32,
     pub rope_mode: RopeMode,
+    /// `rope_freqs.weight` (`[head_dim/2]`) exists: frequency `i` is divided by its
+    /// entry `i` (Llama 3.1+ long-context scaling, baked into the file by the converter).
+    pub rope_freqs: bool,
     /// No `output.weight`: logits use `token_embd.weight`.
     pub tied_output: bool,
+    /// q/k/v biases (`blk.N.attn_{q,k,v}.bias`), added after the projections.
+    pub qkv_bias: bool,
+    /// Per-head RMS norms of Q and K before RoPE (`blk.N.attn_{q,k}_norm.weight`).
+    pub qk_norm: bool,
+    /// RMS norms of the attention and FFN outputs before each residual add
+    /// (`blk.N.post_attention_norm.weight`, `blk.N.post_ffw_norm.weight`).
+    pub post_norms: bool,
+    /// The gated FFN's activation.
+    pub ffn_act: FfnAct,
+    /// Factor applied to the embedding row: √dim (gemma3) or 1.
+    pub embd_scale: f32,
+    /// Factor applied to the query·key scores: `1/√head_dim` (gemma3: the same, from
+    /// `query_pre_attn_scalar` = head_dim, except the 27B's `1/√(dim/n_heads)`, as
+    /// llama.cpp does).
+    pub attn_scale: f32,
+    /// `Some(c)`: `logits = c·tanh(logits/c)` (`<arch>.final_logit_softcapping`).
+    pub final_logit_softcap: Option<f32>,
+    /// The sliding-window layers, if any ([`Config::layer_attention`]).
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 impl Config {
@@ -66,11 +69,8 @@ impl Config {
     /// with the shape the metadata implies (the error names the tensor, expected vs found).
     pub fn from_gguf(g: &Gguf) -> Result<Config, ConfigError> {
         let arch_name = meta_str(g, "general.architecture")?;
-        let arch = match arch_name.as_str() {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            other => return Err(ConfigError::UnsupportedArch(other.to_string())),
-        };
+        let arch = Arch::from_name(&arch_name)
+            .ok_or_else(|| ConfigError::UnsupportedArch(arch_name.clone()))?;
         let p = arch.name();
         let n_layers = meta_usize(g, &format!("{p}.block_count"))?;
         let dim = meta_usize(g, &format!("{p}.embedding_length"))?;
@@ -147,8 +147,32 @@ impl Config {
                 found: embd,
             });
         }
-        let vocab_size = embd[1] as usize;
+        let vocab_size = usize::try_from(embd[1]).map_err(|_| ConfigError::TensorShape {
+            name: "token_embd.weight".into(),
+            expected: format!("[{dim}, n_vocab]"),
+            found: embd.clone(),
+        })?;
         let tied_output = g.tensor("output.weight").is_none();
+        let rope_scale = rope_scale(g, p)?;
+        let sliding_window = sliding_window(g, arch)?;
+        let final_logit_softcap = if arch.has_logit_softcap() {
+            let key = format!("{p}.final_logit_softcapping");
+            match meta_f32_opt(g, &key)? {
+                Some(c) if c > 0.0 => Some(c),
+                Some(0.0) => None,
+                Some(c) => return Err(bad(&key, &format!("{c} must be positive (or 0: off)"))),
+                None => None,
+            }
+        } else {
+            None
+        };
+        // gemma3 scales queries by 1/sqrt(query_pre_attn_scalar): head_dim for every size
+        // but the 27B (62 layers), whose scalar is dim/n_heads (llama.cpp, gemma3.cpp).
+        let attn_scale = if arch == Arch::Gemma3 && n_layers == 62 {
+            1.0 / ((dim / n_heads) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
 
         let cfg = Config {
             arch,
@@ -162,11 +186,22 @@ impl Config {
             context_length,
             rms_eps,
             rope_base,
-            rope_mode: match arch {
-                Arch::Llama => RopeMode::Normal,
-                Arch::Qwen2 => RopeMode::Neox,
-            },
+            rope_scale,
+            rope_mode: arch.rope_mode(),
+            rope_freqs: arch.has_rope_freqs() && g.tensor("rope_freqs.weight").is_some(),
             tied_output,
+            qkv_bias: arch.qkv_bias(),
+            qk_norm: arch.qk_norm(),
+            post_norms: arch.post_norms(),
+            ffn_act: arch.ffn_act(),
+            embd_scale: if arch.scales_embedding() {
+                (dim as f32).sqrt()
+            } else {
+                1.0
+            },
+            attn_scale,
+            final_logit_softcap,
+            sliding_window,
         };
         for (name, shape) in cfg.expected_tensors() {
             let found = tensor_shape(g, &name)?;
@@ -191,44 +226,64 @@ impl Config {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
+}
 
-    /// Every tensor the forward pass reads, with its GGUF shape (fastest dimension first).
-    pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let (d, h, q, kv) = (
-            self.dim as u64,
-            self.hidden_dim as u64,
-            self.q_dim() as u64,
-            self.kv_dim() as u64,
-        );
-        let mut t = vec![
-            (
-                "token_embd.weight".to_string(),
-                vec![d, self.vocab_size as u64],
-            ),
-            ("output_norm.weight".to_string(), vec![d]),
-        ];
-        if !self.tied_output {
-            t.push(("output.weight".to_string(), vec![d, self.vocab_size as u64]));
+/// RoPE position scale of the global layers, as llama.cpp reads it: the factor from
+/// `rope.scaling.factor` (or the older `rope.scale_linear`), 1/factor; only linear scaling
+/// (or none) is supported.
+fn rope_scale(g: &Gguf, p: &str) -> Result<f32, ConfigError> {
+    let type_key = format!("{p}.rope.scaling.type");
+    if g.get(&type_key).is_some() {
+        let ty = meta_str(g, &type_key)?;
+        if ty != "none" && ty != "linear" {
+            return Err(bad(
+                &type_key,
+                &format!("RoPE scaling '{ty}' is not supported (only linear or none)"),
+            ));
         }
-        for l in 0..self.n_layers {
-            let b = |n: &str| format!("blk.{l}.{n}");
-            t.push((b("attn_norm.weight"), vec![d]));
-            t.push((b("attn_q.weight"), vec![d, q]));
-            t.push((b("attn_k.weight"), vec![d, kv]));
-            t.push((b("attn_v.weight"), vec![d, kv]));
-            if self.arch == Arch::Qwen2 {
-                t.push((b("attn_q.bias"), vec![q]));
-                t.push((b("attn_k.bias"), vec![kv]));
-                t.push((b("attn_v.bias"), vec![kv]));
-            }
-            t.push((b("attn_output.weight"), vec![q, d]));
-            t.push((b("ffn_norm.weight"), vec![d]));
-            t.push((b("ffn_gate.weight"), vec![d, h]));
-            t.push((b("ffn_up.weight"), vec![d, h]));
-            t.push((b("ffn_down.weight"), vec![h, d]));
-        }
-        t
     }
+    let factor_key = format!("{p}.rope.scaling.factor");
+    let factor = match meta_f32_opt(g, &factor_key)? {
+        Some(f) => Some((factor_key, f)),
+        None => {
+            let old = format!("{p}.rope.scale_linear");
+            meta_f32_opt(g, &old)?.map(|f| (old, f))
+        }
+    };
+    match factor {
+        None => Ok(1.0),
+        Some((_, 0.0)) => Ok(1.0),
+        Some((_, f)) if f > 0.0 => Ok(1.0 / f),
+        Some((key, f)) => Err(bad(
+            &key,
+            &format!("RoPE scaling factor {f} must be positive"),
+        )),
+    }
+}
+
+/// The sliding-window layers of families that have them: `attention.sliding_window`
+/// (absent or 0: none), `attention.sliding_window_pattern` (default 6),
+/// `rope.freq_base_swa` (default 10000).
+fn sliding_window(g: &Gguf, arch: Arch) -> Result<Option<SlidingWindow>, ConfigError> {
+    if !arch.has_sliding_window() {
+        return Ok(None);
+    }
+    let p = arch.name();
+    let window = match meta_usize_opt(g, &format!("{p}.attention.sliding_window"))? {
+        None | Some(0) => return Ok(None),
+        Some(w) => w,
+    };
+    let period = meta_usize_opt(g, &format!("{p}.attention.sliding_window_pattern"))?.unwrap_or(6);
+    let base_key = format!("{p}.rope.freq_base_swa");
+    let rope_base = meta_f32_opt(g, &base_key)?.unwrap_or(10_000.0);
+    if rope_base <= 0.0 {
+        return Err(bad(&base_key, &format!("{rope_base} must be positive")));
+    }
+    Ok(Some(SlidingWindow {
+        window,
+        period,
+        rope_base,
+    }))
 }
 
 fn bad(key: &str, reason: &str) -> ConfigError {

@@ -471,7 +471,7 @@ impl Forward {
         let start = Instant::now();
         let load_reference = || -> Result<(reference::Model, reference::State)> {
             let model = reference::Model::load(file).context("loading the reference model")?;
-            let state = reference::State::new(model.config(), ctx_len);
+            let state = reference::State::try_new(model.config(), ctx_len)?;
             Ok((model, state))
         };
         let mut f = match args.backend {

@@ -434,6 +434,11 @@ impl GpuModel {
                 "architecture qwen2 (q/k/v biases) on the GPU: only llama is wired so far".into(),
             ));
         }
+        if cfg.rope_freqs || cfg.rope_scale != 1.0 {
+            return Err(EngineError::Unsupported(
+                "RoPE scaling (rope_freqs.weight or rope.scaling.factor) on the GPU".into(),
+            ));
+        }
         let neox = cfg.rope_mode == RopeMode::Neox;
         let hd = cfg.head_dim;
         if !hd.is_multiple_of(4)

@@ -175,21 +175,42 @@ pub fn matmul(
 pub use arch::RopeMode;
 
 /// Rotary position embedding, in place, for `n_heads` heads of `head_dim` elements
-/// (`x.len() == n_heads·head_dim`, `head_dim` even).
+/// (`x.len() == n_heads·head_dim`, `head_dim` even). [`rope_ext`] with scale 1 and no
+/// frequency factors.
+pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, base: f32, mode: RopeMode) {
+    rope_ext(x, n_heads, head_dim, pos, base, 1.0, None, mode);
+}
+
+/// Rotary position embedding with linear position scaling and per-frequency divisors.
 ///
 /// Pair `i` (for `i` in `0..head_dim/2`) of each head is rotated by
-/// `theta_i = pos · base^(-2i/head_dim)`:
-/// `(a, b) -> (a·cos θ − b·sin θ, a·sin θ + b·cos θ)`, where `(a, b)` is
-/// `(x[2i], x[2i+1])` in [`RopeMode::Normal`] and `(x[i], x[i+head_dim/2])` in
-/// [`RopeMode::Neox`]. The angle, its cosine and sine are computed in f64.
-pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, base: f32, mode: RopeMode) {
+/// `theta_i = pos · scale · base^(-2i/head_dim) / factors[i]` (`factors` 1 when `None`;
+/// Llama 3's `rope_freqs.weight`): `(a, b) -> (a·cos θ − b·sin θ, a·sin θ + b·cos θ)`,
+/// where `(a, b)` is `(x[2i], x[2i+1])` in [`RopeMode::Normal`] and
+/// `(x[i], x[i+head_dim/2])` in [`RopeMode::Neox`]. The angle, its cosine and sine are
+/// computed in f64.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_ext(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    pos: usize,
+    base: f32,
+    scale: f32,
+    factors: Option<&[f32]>,
+    mode: RopeMode,
+) {
     assert_eq!(x.len(), n_heads * head_dim, "rope: x length");
     assert!(head_dim.is_multiple_of(2), "rope: head_dim must be even");
     let half = head_dim / 2;
+    if let Some(f) = factors {
+        assert_eq!(f.len(), half, "rope: factors length");
+    }
     for head in x.chunks_exact_mut(head_dim.max(1)) {
         for i in 0..half {
             let freq = f64::from(base).powf(-2.0 * i as f64 / head_dim as f64);
-            let theta = pos as f64 * freq;
+            let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
+            let theta = pos as f64 * f64::from(scale) * freq / divisor;
             let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
             let (ia, ib) = match mode {
                 RopeMode::Normal => (2 * i, 2 * i + 1),
@@ -203,14 +224,7 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, base: f3
 }
 
 /// Decode attention of one query over a KV cache, with grouped-query heads.
-///
-/// - `q`: `n_heads·head_dim` (head-major);
-/// - `k_cache`, `v_cache`: at least `n_pos` rows of `n_kv_heads·head_dim`, position-major
-///   (row `t` is the key/value written at position `t`);
-/// - query head `h` reads kv head `h / (n_heads / n_kv_heads)`;
-/// - for each head: `s_t = (q_h · k_t) / sqrt(head_dim)` for `t` in `0..n_pos`,
-///   `p = softmax(s)`, `out_h = Σ_t p_t · v_t`;
-/// - `out`: `n_heads·head_dim`.
+/// [`attention_ext`] with scale `1/sqrt(head_dim)` over every position `0..n_pos`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -222,11 +236,41 @@ pub fn attention(
     n_pos: usize,
     out: &mut [f32],
 ) {
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    attention_ext(
+        q, k_cache, v_cache, n_heads, n_kv_heads, head_dim, 0, n_pos, scale, out,
+    );
+}
+
+/// Decode attention of one query over positions `first..n_pos` of a KV cache (a sliding
+/// window when `first > 0`), with grouped-query heads and an explicit score scale.
+///
+/// - `q`: `n_heads·head_dim` (head-major);
+/// - `k_cache`, `v_cache`: at least `n_pos` rows of `n_kv_heads·head_dim`, position-major
+///   (row `t` is the key/value written at position `t`);
+/// - query head `h` reads kv head `h / (n_heads / n_kv_heads)`;
+/// - for each head: `s_t = (q_h · k_t)·scale` for `t` in `first..n_pos`,
+///   `p = softmax(s)`, `out_h = Σ_t p_t · v_t`; positions before `first` are not read;
+/// - `out`: `n_heads·head_dim`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ext(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    first: usize,
+    n_pos: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     let kv_dim = n_kv_heads * head_dim;
     assert!(
         n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
         "attention: n_heads must be a multiple of n_kv_heads"
     );
+    assert!(first < n_pos, "attention: empty window {first}..{n_pos}");
     assert_eq!(q.len(), n_heads * head_dim, "attention: q length");
     assert_eq!(out.len(), n_heads * head_dim, "attention: out length");
     assert!(
@@ -238,21 +282,19 @@ pub fn attention(
         "attention: v_cache too short"
     );
     let group = n_heads / n_kv_heads;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut scores = vec![0.0f32; n_pos];
+    let mut scores = vec![0.0f32; n_pos - first];
     for h in 0..n_heads {
         let kvh = h / group;
         let qh = &q[h * head_dim..(h + 1) * head_dim];
-        for (t, s) in scores.iter_mut().enumerate() {
-            let kt = &k_cache[t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim];
-            *s = dot(qh, kt) * scale;
+        let at = |t: usize| t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim;
+        for (i, s) in scores.iter_mut().enumerate() {
+            *s = dot(qh, &k_cache[at(first + i)]) * scale;
         }
         softmax(&mut scores);
         let oh = &mut out[h * head_dim..(h + 1) * head_dim];
         oh.fill(0.0);
-        for (t, &p) in scores.iter().enumerate() {
-            let vt = &v_cache[t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim];
-            for (o, &v) in oh.iter_mut().zip(vt) {
+        for (i, &p) in scores.iter().enumerate() {
+            for (o, &v) in oh.iter_mut().zip(&v_cache[at(first + i)]) {
                 *o += p * v;
             }
         }
@@ -286,6 +328,45 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert_eq!(gate.len(), out.len(), "swiglu: out length");
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = silu(g) * u;
+    }
+}
+
+/// GELU, tanh approximation (ggml's `ggml_gelu`, PyTorch's `gelu(approximate="tanh")`):
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, evaluated in f64.
+pub fn gelu_tanh(x: f32) -> f32 {
+    let x = f64::from(x);
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    (0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())) as f32
+}
+
+/// GeGLU: `out_i = gelu_tanh(gate_i) · up_i` (all three the same length).
+pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "geglu: up length");
+    assert_eq!(gate.len(), out.len(), "geglu: out length");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu_tanh(g) * u;
+    }
+}
+
+/// [`rmsnorm`] of each `weight.len()`-element head of `x`, in place, every head with the
+/// same weight (qwen3's and gemma3's Q/K norms).
+pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
+    let hd = weight.len();
+    assert!(
+        hd > 0 && x.len().is_multiple_of(hd),
+        "rmsnorm_heads: x length"
+    );
+    let mut out = vec![0.0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        rmsnorm(head, weight, eps, &mut out);
+        head.copy_from_slice(&out);
+    }
+}
+
+/// Final logit softcapping, in place: `x_i = cap·tanh(x_i / cap)`.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
     }
 }
 

@@ -1,5 +1,7 @@
 //! CPU reference for vkdecode: one plain f32 function per GPU kernel ([`kernels`]) and a
-//! whole Llama-family forward pass built on them ([`forward`], [`generate_greedy`]).
+//! whole decoder forward pass built on them ([`forward()`], [`generate_greedy`]) for every
+//! architecture the model description (`arch`) knows: llama (with Llama 3's
+//! `rope_freqs`), qwen2, qwen3, gemma3.
 //!
 //! This crate is the yardstick the Vulkan decoder is measured against (DESIGN.md,
 //! STYLE.md §6), so it is written to be obviously right rather than fast: weights are
@@ -8,12 +10,16 @@
 //! project's GGUF writer for whole-model tests of the GPU path.
 #![forbid(unsafe_code)]
 
+pub mod forward;
 pub mod kernels;
 pub mod model;
+pub mod state;
 pub mod synthetic;
 
-pub use arch::{Arch, Config, ConfigError, RopeMode};
-pub use model::{forward, generate_greedy, Layer, Matrix, Model, State};
+pub use arch::{Arch, Config, ConfigError, FfnAct, RopeMode};
+pub use forward::{forward, forward_layers, generate_greedy, generate_greedy_traced, logits};
+pub use model::{Layer, Matrix, Model};
+pub use state::State;
 
 use gguf::GgmlType;
 
@@ -53,6 +59,16 @@ pub enum RefError {
 
     #[error("position {pos} is past the context of {ctx_len} positions")]
     ContextFull { pos: usize, ctx_len: usize },
+
+    #[error(
+        "a context of {ctx_len} positions does not fit: its KV cache would take {bytes} bytes ({reason})"
+    )]
+    ContextTooLarge {
+        ctx_len: usize,
+        /// Keys and values of every layer, f32.
+        bytes: u128,
+        reason: String,
+    },
 
     #[error("the state was made for a different model configuration")]
     StateMismatch,

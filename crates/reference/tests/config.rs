@@ -5,7 +5,7 @@ mod common;
 
 use common::{as_qwen2, rewrite, tiny};
 use gguf::{Gguf, Value};
-use reference::{Arch, Config, ConfigError, RopeMode};
+use reference::{Arch, Config, ConfigError, FfnAct, RopeMode};
 
 fn config_of(bytes: &[u8]) -> Result<Config, ConfigError> {
     Config::from_gguf(&Gguf::parse(bytes).unwrap())
@@ -33,8 +33,18 @@ fn reads_the_synthetic_models_hyper_parameters() {
             context_length: 256,
             rms_eps: 1e-5,
             rope_base: 10_000.0,
+            rope_scale: 1.0,
             rope_mode: RopeMode::Normal,
+            rope_freqs: false,
             tied_output: false,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            ffn_act: FfnAct::Silu,
+            embd_scale: 1.0,
+            attn_scale: 0.25,
+            final_logit_softcap: None,
+            sliding_window: None,
         }
     );
     assert_eq!(cfg.kv_dim(), 32);

@@ -340,3 +340,124 @@ fn embedding_row_dequantises_the_right_row() {
     embedding_row(GgmlType::F32, &table, cols, 1, &mut out).unwrap();
     assert_eq!(&out[..], &x[cols..2 * cols]);
 }
+
+#[test]
+fn gelu_tanh_hand_computed_and_geglu() {
+    // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), values from the formula by hand.
+    assert_eq!(gelu_tanh(0.0), 0.0);
+    assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+    assert!((gelu_tanh(-1.0) + 0.158_808).abs() < 1e-5);
+    assert!((gelu_tanh(3.0) - 2.996_363).abs() < 1e-5);
+    let mut out = [0.0; 2];
+    geglu(&[1.0, -1.0], &[2.0, 3.0], &mut out);
+    close(&out, &[2.0 * 0.841_192, 3.0 * -0.158_808], 1e-5);
+}
+
+#[test]
+fn rmsnorm_heads_normalises_each_head_alone() {
+    // Two heads of 2: [3, 4] has mean square 12.5, [0, 2] has 2.
+    let mut x = [3.0, 4.0, 0.0, 2.0];
+    rmsnorm_heads(&mut x, &[1.0, 2.0], 0.0);
+    let (a, b) = (1.0 / 12.5f32.sqrt(), 1.0 / 2.0f32.sqrt());
+    close(&x, &[3.0 * a, 8.0 * a, 0.0, 4.0 * b], 1e-6);
+}
+
+#[test]
+fn softcap_bounds_logits() {
+    let mut x = [0.0, 30.0, -1000.0];
+    softcap(&mut x, 30.0);
+    close(&x, &[0.0, 30.0 * 1.0f32.tanh(), -30.0], 1e-5);
+}
+
+#[test]
+fn rope_ext_scale_and_factors_divide_the_angle() {
+    let mut rng = Rng::new(5);
+    let x = rng.vec(2 * 8, 1.0);
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        // Position 6 with every frequency divided by 2, or scaled by 1/2 == position 3.
+        let mut want = x.clone();
+        rope(&mut want, 2, 8, 3, 10_000.0, mode);
+        let mut by_factor = x.clone();
+        rope_ext(
+            &mut by_factor,
+            2,
+            8,
+            6,
+            10_000.0,
+            1.0,
+            Some(&[2.0; 4]),
+            mode,
+        );
+        close(&by_factor, &want, 1e-6);
+        let mut by_scale = x.clone();
+        rope_ext(&mut by_scale, 2, 8, 6, 10_000.0, 0.5, None, mode);
+        close(&by_scale, &want, 1e-6);
+        // A factor on pair 1 only leaves the other pairs as plain RoPE at position 6.
+        let mut plain = x.clone();
+        rope(&mut plain, 2, 8, 6, 10_000.0, mode);
+        let mut one = x.clone();
+        rope_ext(
+            &mut one,
+            2,
+            8,
+            6,
+            10_000.0,
+            1.0,
+            Some(&[1.0, 4.0, 1.0, 1.0]),
+            mode,
+        );
+        let pair1: &[usize] = match mode {
+            RopeMode::Normal => &[2, 3, 10, 11],
+            RopeMode::Neox => &[1, 5, 9, 13],
+        };
+        for i in 0..16 {
+            if pair1.contains(&i) {
+                assert!(
+                    (one[i] - plain[i]).abs() > 1e-4,
+                    "{mode:?} element {i} unchanged"
+                );
+            } else {
+                assert_eq!(one[i], plain[i], "{mode:?} element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_window_equals_brute_force_masked_attention() {
+    // 4 query heads over 2 kv heads of 8, 11 positions; window: positions 6..=10.
+    let (nh, nkv, hd, n_pos, first) = (4, 2, 8, 11, 6);
+    let mut rng = Rng::new(9);
+    let q = rng.vec(nh * hd, 1.0);
+    let k = rng.vec(n_pos * nkv * hd, 1.0);
+    let v = rng.vec(n_pos * nkv * hd, 1.0);
+    let scale = 0.3;
+    let mut got = vec![0.0; nh * hd];
+    attention_ext(&q, &k, &v, nh, nkv, hd, first, n_pos, scale, &mut got);
+    // Brute force: every position scored, those before the window set to -inf.
+    let mut want = vec![0.0f32; nh * hd];
+    for h in 0..nh {
+        let kvh = h / (nh / nkv);
+        let row = |t: usize| (t * nkv + kvh) * hd;
+        let mut s: Vec<f32> = (0..n_pos)
+            .map(|t| {
+                if t < first {
+                    f32::NEG_INFINITY
+                } else {
+                    (0..hd).map(|i| q[h * hd + i] * k[row(t) + i]).sum::<f32>() * scale
+                }
+            })
+            .collect();
+        softmax(&mut s);
+        for t in 0..n_pos {
+            for i in 0..hd {
+                want[h * hd + i] += s[t] * v[row(t) + i];
+            }
+        }
+    }
+    close(&got, &want, 1e-5);
+    // And the window matters: the full attention differs.
+    let mut full = vec![0.0; nh * hd];
+    attention_ext(&q, &k, &v, nh, nkv, hd, 0, n_pos, scale, &mut full);
+    assert!(full.iter().zip(&got).any(|(a, b)| (a - b).abs() > 1e-3));
+}
