@@ -4,7 +4,7 @@
 mod common;
 
 use common::{as_qwen2, rewrite, tiny};
-use gguf::{Gguf, Value};
+use gguf::{GgmlType, Gguf, Value};
 use reference::{Arch, Config, ConfigError, FfnAct, RopeMode};
 
 fn config_of(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -160,4 +160,89 @@ fn qwen2_needs_biases_and_uses_neox_rope() {
     assert_eq!(cfg.arch, Arch::Qwen2);
     assert_eq!(cfg.rope_mode, RopeMode::Neox);
     assert_eq!((cfg.n_layers, cfg.dim, cfg.kv_dim()), (2, 64, 32));
+}
+
+#[test]
+fn qwen3_and_gemma3_name_their_missing_or_misshapen_tensors() {
+    use reference::synthetic::{tiny_gemma3, tiny_qwen3};
+    let qwen3 = tiny_qwen3(1, GgmlType::Q8_0);
+    let bytes = rewrite(&qwen3, |_, t| {
+        t.retain(|t| t.name != "blk.1.attn_k_norm.weight")
+    });
+    assert_eq!(
+        config_of(&bytes).unwrap_err().to_string(),
+        "missing tensor 'blk.1.attn_k_norm.weight'"
+    );
+    // A Q norm over the whole query (q_dim) instead of one head (head_dim 32).
+    let bytes = rewrite(&qwen3, |_, t| {
+        let n = t
+            .iter_mut()
+            .find(|t| t.name == "blk.0.attn_q_norm.weight")
+            .unwrap();
+        n.shape = vec![128];
+        n.data = gguf::quant::quantize_f32(&[1.0; 128]);
+    });
+    let msg = config_of(&bytes).unwrap_err().to_string();
+    assert!(
+        msg.contains("blk.0.attn_q_norm.weight") && msg.contains("[32]"),
+        "{msg}"
+    );
+
+    let gemma3 = tiny_gemma3(1, GgmlType::Q8_0, 4);
+    for name in [
+        "blk.2.post_ffw_norm.weight",
+        "blk.0.post_attention_norm.weight",
+    ] {
+        let bytes = rewrite(&gemma3, |_, t| t.retain(|t| t.name != name));
+        assert_eq!(
+            config_of(&bytes).unwrap_err().to_string(),
+            format!("missing tensor '{name}'")
+        );
+    }
+}
+
+#[test]
+fn gemma3_window_keys_and_their_defaults() {
+    use reference::synthetic::tiny_gemma3;
+    let gemma3 = tiny_gemma3(1, GgmlType::Q8_0, 4);
+    let sw = config_of(&gemma3).unwrap().sliding_window.unwrap();
+    assert_eq!((sw.window, sw.period, sw.rope_base), (4, 3, 10_000.0));
+    // Without the pattern and the local base: llama.cpp's defaults, 6 and 10000.
+    let bytes = rewrite(&gemma3, |meta, _| {
+        meta.retain(|(k, _)| {
+            k != "gemma3.attention.sliding_window_pattern" && k != "gemma3.rope.freq_base_swa"
+        })
+    });
+    let sw = config_of(&bytes).unwrap().sliding_window.unwrap();
+    assert_eq!((sw.window, sw.period, sw.rope_base), (4, 6, 10_000.0));
+    // Without the window key (or 0), every layer is global.
+    let bytes = rewrite(&gemma3, |meta, _| {
+        set(meta, "gemma3.attention.sliding_window", Value::U32(0))
+    });
+    let cfg = config_of(&bytes).unwrap();
+    assert_eq!(cfg.sliding_window, None);
+    assert_eq!(cfg.layer_attention(0).rope_base, 1_000_000.0);
+    // A local RoPE base that makes no sense is refused.
+    let bytes = rewrite(&gemma3, |meta, _| {
+        set(meta, "gemma3.rope.freq_base_swa", Value::F32(-1.0))
+    });
+    let msg = config_of(&bytes).unwrap_err().to_string();
+    assert!(msg.contains("gemma3.rope.freq_base_swa"), "{msg}");
+    // The same keys on a family that has no sliding window are ignored, as llama.cpp does.
+    let qwen3 = rewrite(
+        &reference::synthetic::tiny_qwen3(1, GgmlType::Q8_0),
+        |meta, _| meta.push(("qwen3.attention.sliding_window".into(), Value::U32(4))),
+    );
+    assert_eq!(config_of(&qwen3).unwrap().sliding_window, None);
+}
+
+#[test]
+fn unknown_architecture_lists_the_known_ones() {
+    let bytes = rewrite(&tiny(), |meta, _| {
+        set(meta, "general.architecture", Value::String("mamba".into()))
+    });
+    assert_eq!(
+        config_of(&bytes).unwrap_err().to_string(),
+        "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, gemma3)"
+    );
 }

@@ -151,6 +151,10 @@ fn first_position_top5_matches_llama_cpp_f32() {
             let logit = logits[id as usize];
             let diff = (logit - want).abs();
             worst = worst.max(diff);
+            eprintln!(
+                "  {id}: {logit:.4} vs llama.cpp F32 {want:.4} ({:+.4})",
+                logit - want
+            );
             assert!(
                 diff <= 0.03,
                 "{text:?} rank {rank} (id {id}): logit {logit} vs llama.cpp F32 {want} (diff {diff}); our top-5 {got:?}"
