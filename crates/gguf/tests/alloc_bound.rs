@@ -67,6 +67,10 @@ fn large_scalar_arrays_cost_about_their_file_size() {
     assert!(bytes.len() >= payload);
 
     let (g, peak) = peak_of(|| Gguf::parse(&bytes).unwrap());
+    eprintln!(
+        "parse of {} bytes: peak {peak} bytes allocated",
+        bytes.len()
+    );
     // The arrays themselves are `payload` bytes; allow a quarter more for the rest.
     assert!(
         peak <= payload + payload / 4,

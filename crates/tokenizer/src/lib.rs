@@ -9,7 +9,9 @@
 //!   either runs (control ones only when asked to parse special tokens), BOS/EOS are
 //!   added as the metadata says, and decoding can be streamed ([`StreamDecoder`]).
 //! - [`ChatTemplate`] renders `tokenizer.chat_template` with minijinja, a real Jinja
-//!   engine.
+//!   engine, within an instruction (fuel) and output-size bound. For a prompt,
+//!   [`ChatTemplate::render_chat`] + [`Tokenizer::encode_chat`] let only the template's
+//!   own markup become control tokens: message text is encoded as plain text.
 //!
 //! The reference for every rule is llama.cpp (`src/llama-vocab.cpp`, `src/unicode.cpp`):
 //! the ids must be the ones `llama-tokenize` prints for the same file.
