@@ -122,6 +122,19 @@ impl Config {
                 &format!("head dimension {head_dim} must be even and positive"),
             ));
         }
+        // Widths are products of header numbers: bound them before anything multiplies
+        // them (q_dim, kv_dim, the expected shapes), so a crafted key_length or head count
+        // is an error here rather than a wrapped size later.
+        const MAX_WIDTH: usize = 1 << 28;
+        let q_width = n_heads.checked_mul(head_dim).filter(|&w| w <= MAX_WIDTH);
+        if q_width.is_none() || dim > MAX_WIDTH || hidden_dim > MAX_WIDTH {
+            return Err(bad(
+                &format!("{p}.attention.key_length"),
+                &format!(
+                    "widths out of range: {n_heads} heads x {head_dim}, dim {dim}, feed-forward {hidden_dim} (each at most {MAX_WIDTH})"
+                ),
+            ));
+        }
         if let Some(vl) = meta_usize_opt(g, &format!("{p}.attention.value_length"))? {
             if vl != head_dim {
                 return Err(bad(

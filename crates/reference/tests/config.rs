@@ -246,3 +246,17 @@ fn unknown_architecture_lists_the_known_ones() {
         "unsupported architecture 'mamba' (supported: llama, qwen2, qwen3, gemma3)"
     );
 }
+
+#[test]
+fn a_huge_key_length_is_refused_before_any_width_is_multiplied() {
+    for v in [1u64 << 40, u64::MAX - 1] {
+        let bytes = rewrite(&tiny(), |meta, _| {
+            meta.push(("llama.attention.key_length".into(), Value::U64(v)))
+        });
+        let err = config_of(&bytes).unwrap_err();
+        assert!(
+            err.to_string().contains("widths out of range"),
+            "key_length {v}: {err}"
+        );
+    }
+}
