@@ -291,8 +291,9 @@ impl CommandBuffer {
 
 impl Drop for CommandBuffer {
     fn drop(&mut self) {
-        // SAFETY: the buffer is not pending (submit_and_wait waits); destroying the pool
-        // frees the command buffer.
+        // SAFETY: the buffer is not pending: submit_and_wait returns only once the
+        // submission completed, even after a fence timeout; destroying the pool frees
+        // the command buffer.
         unsafe { self.ctx.device().destroy_command_pool(self.pool, None) };
     }
 }

@@ -67,7 +67,8 @@ pub struct ResidencyOptions {
     pub mlock: bool,
 }
 
-/// Simulated driver refusals (`VKDECODE_FAULT=import-file,import-anon`), for tests.
+/// Simulated driver refusals (`VKDECODE_FAULT=import-file,import-anon`), for tests
+/// (`fence-timeout` in the same list is `vk::Context`'s).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refuse imports of file-backed pages.
@@ -84,9 +85,11 @@ impl Faults {
             match item {
                 "import-file" => f.import_file = true,
                 "import-anon" => f.import_anon = true,
+                // Read by `vk::Context` itself.
+                "fence-timeout" => {}
                 other => {
                     return Err(EngineError::Unsupported(format!(
-                        "VKDECODE_FAULT entry `{other}` (expected import-file, import-anon)"
+                        "VKDECODE_FAULT entry `{other}` (expected import-file, import-anon, fence-timeout)"
                     )))
                 }
             }
