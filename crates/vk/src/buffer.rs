@@ -138,6 +138,7 @@ impl Buffer {
             ctx: Arc::clone(ctx),
         };
         ctx.add_device_bytes(size_alloc, true);
+        ctx.count_allocation(true);
         bound.call("vkBindBufferMemory")?; // on error `out` is dropped and freed
         Ok(out)
     }
@@ -243,6 +244,7 @@ impl Drop for Buffer {
         unsafe { self.ctx.device().destroy_buffer(self.buffer, None) };
         if let Some(a) = self.allocation.take() {
             self.ctx.add_device_bytes(a.size(), false);
+            self.ctx.count_allocation(false);
             if let Ok(mut alloc) = self.ctx.allocator().lock() {
                 if let Err(e) = alloc.free(a) {
                     tracing::warn!(buffer = %self.name, "freeing buffer memory: {e}");

@@ -219,6 +219,10 @@ pub struct Context {
     host_waits: AtomicU64,
     device_bytes: AtomicU64,
     imported_bytes: AtomicU64,
+    /// Device memory allocations alive now / made so far (allocator-backed buffers and
+    /// host-pointer imports: one each).
+    live_allocations: AtomicU64,
+    total_allocations: AtomicU64,
     /// `VKDECODE_FAULT=fence-timeout` (tests): the next fence wait reports a timeout.
     fault_timeout: AtomicBool,
     instance: ManuallyDrop<InstanceOwner>,
@@ -337,6 +341,8 @@ impl Context {
             host_waits: AtomicU64::new(0),
             device_bytes: AtomicU64::new(0),
             imported_bytes: AtomicU64::new(0),
+            live_allocations: AtomicU64::new(0),
+            total_allocations: AtomicU64::new(0),
             fault_timeout: AtomicBool::new(fault_from_env("fence-timeout")),
             instance: ManuallyDrop::new(inst),
         }))
@@ -370,6 +376,19 @@ impl Context {
     /// Bytes currently imported through [`crate::ImportedBuffer`]s.
     pub fn imported_bytes(&self) -> u64 {
         self.imported_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Device memory allocations alive now: every [`crate::Buffer`] and
+    /// [`crate::ImportedBuffer`] created on this context and not yet destroyed (each owns
+    /// one allocation). A leak per token shows up here.
+    pub fn live_allocations(&self) -> u64 {
+        self.live_allocations.load(Ordering::Relaxed)
+    }
+
+    /// Device memory allocations made on this context so far, freed or not. An
+    /// allocation per token shows up here even when it is freed again.
+    pub fn total_allocations(&self) -> u64 {
+        self.total_allocations.load(Ordering::Relaxed)
     }
 
     /// Submits one recorded command buffer and waits for its fence (one host wait).
@@ -473,6 +492,16 @@ impl Context {
             self.device_bytes.fetch_add(n, Ordering::Relaxed);
         } else {
             self.device_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one allocation made (`true`) or freed (`false`).
+    pub(crate) fn count_allocation(&self, made: bool) {
+        if made {
+            self.live_allocations.fetch_add(1, Ordering::Relaxed);
+            self.total_allocations.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.live_allocations.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -151,6 +151,7 @@ impl ImportedBuffer {
             });
         }
         ctx.add_imported_bytes(len, true);
+        ctx.count_allocation(true);
         Ok(ImportedBuffer {
             buffer,
             memory,
@@ -194,6 +195,7 @@ impl Drop for ImportedBuffer {
             self.ctx.device().free_memory(self.memory, None);
         }
         self.ctx.add_imported_bytes(self.len, false);
+        self.ctx.count_allocation(false);
     }
 }
 

@@ -163,6 +163,22 @@ fn buffer_write_read_and_bounds() {
 }
 
 #[test]
+fn allocations_are_counted_as_they_are_made_and_freed() {
+    let Some(ctx) = ctx() else { return };
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (0, 0));
+    let a = Buffer::new(&ctx, &BufferDesc::storage("a", 64, MemLocation::GpuOnly)).unwrap();
+    let b = Buffer::new(&ctx, &BufferDesc::storage("b", 64, MemLocation::GpuToCpu)).unwrap();
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (2, 2));
+    drop(a);
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (1, 2));
+    // a refused buffer is not counted
+    assert!(Buffer::new(&ctx, &BufferDesc::storage("empty", 0, MemLocation::GpuOnly)).is_err());
+    drop(b);
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (0, 2));
+    assert_eq!(ctx.validation_errors(), 0);
+}
+
+#[test]
 fn checksum_kernel_matches_cpu_on_odd_lengths_and_parts() {
     let Some(ctx) = ctx() else { return };
     let data = random_bytes(1_000_003, 7);
@@ -269,6 +285,7 @@ fn imported_host_memory_is_read_in_place() {
     // SAFETY: `host` is aligned, `len` long, and outlives `imp` (dropped first below).
     let imp = unsafe { ImportedBuffer::import(&ctx, host.ptr, len as u64) }.unwrap();
     assert_eq!(ctx.imported_bytes(), len as u64);
+    assert_eq!(ctx.live_allocations(), 1);
     assert_eq!(
         gpu_checksum(&ctx, &[(imp.binding(), 0, len as u32, 0)]),
         checksum::cpu(&data, 0)
@@ -283,6 +300,7 @@ fn imported_host_memory_is_read_in_place() {
     );
     drop(imp);
     assert_eq!(ctx.imported_bytes(), 0);
+    assert_eq!(ctx.live_allocations(), 0);
     // Misaligned pointer or length is refused before the driver sees it.
     // SAFETY: refused before any driver call (alignment check).
     let err = unsafe { ImportedBuffer::import(&ctx, host.ptr.add(16), align as u64) }.unwrap_err();
