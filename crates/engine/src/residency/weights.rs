@@ -13,7 +13,9 @@ use vk::{
     PipelineDesc,
 };
 
-use super::sys::{self, AnonImport, AnonMap, FileImport, Mlock};
+use memmap2::MmapMut;
+
+use super::sys::{self, AnonImport, FileImport};
 use super::{
     auto_decision, plan_for, Faults, ResidencyOptions, ResidencyReport, ShardPlan, ShardReport,
     TensorView, ViewPart, WeightsMode,
@@ -40,6 +42,24 @@ impl Backing {
             Backing::File(f) => f.buffer.raw(),
             Backing::Anon(a) => a.buffer.raw(),
             Backing::Copy(b) => b.raw(),
+        }
+    }
+}
+
+/// The mapped file pinned in memory (`--mlock`) until dropped; memmap2's lock/unlock.
+struct Mlock(Arc<GgufFile>);
+
+impl Mlock {
+    fn new(file: &Arc<GgufFile>) -> std::io::Result<Mlock> {
+        file.mmap().lock()?;
+        Ok(Mlock(Arc::clone(file)))
+    }
+}
+
+impl Drop for Mlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.mmap().unlock() {
+            tracing::warn!("munlock of the model file: {e}");
         }
     }
 }
@@ -117,7 +137,7 @@ impl Weights {
 
         let plan = plan_for(caps, &file, opts.import_cap)?;
         let mlock = if opts.mlock {
-            Some(Mlock::new(file.bytes()).map_err(|source| EngineError::Os {
+            Some(Mlock::new(&file).map_err(|source| EngineError::Os {
                 what: format!("--mlock of {model_bytes} bytes (raise `ulimit -l`?)"),
                 source,
             })?)
@@ -409,13 +429,19 @@ fn import_anon_shard(
     if faults.import_anon {
         return Err("VKDECODE_FAULT=import-anon (simulated driver refusal)".into());
     }
-    let mut map = AnonMap::new(len as usize, align as usize)
-        .map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    let (len, align) = (len as usize, align as usize);
+    // memmap2 maps whole pages; for a larger import alignment, map more and start inside.
+    let page = sys::page_size() as usize;
+    let extra = if align > page { align } else { 0 };
+    let mut map =
+        MmapMut::map_anon(len + extra).map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    let base = map.as_ptr() as usize;
+    let offset = base.next_multiple_of(align.max(1)) - base;
     let bytes = file.bytes();
-    let end = (start + len).min(bytes.len() as u64) as usize;
+    let end = (start + len as u64).min(bytes.len() as u64) as usize;
     let src = &bytes[start as usize..end];
-    map.as_mut_slice()[..src.len()].copy_from_slice(src);
-    sys::import_anon(ctx, map).map_err(|e| e.to_string())
+    map[offset..offset + src.len()].copy_from_slice(src);
+    sys::import_anon(ctx, map, offset, len).map_err(|e| e.to_string())
 }
 
 /// Copies the listed shards into device-local buffers through one bounded staging buffer.
