@@ -1,10 +1,10 @@
 //! engine: weight residency (import / copy / auto) on crates/vk, the Llama graph,
 //! sampling, memory statistics. This file is a list of modules only.
 //!
-//! `unsafe` is denied here and allowed in two named modules only, each block with a
-//! SAFETY comment: `residency::sys` (sysconf, mincore, the host-pointer import calls)
-//! and `pagecache` (fadvise, and the read-only map of a file that is only passed to
-//! mincore).
+//! `unsafe` is denied here and allowed in three named modules only, each block with a
+//! SAFETY comment: `residency::sys` (sysconf, mincore, the host-pointer import calls),
+//! `residency::sigbus` (the SIGBUS handler: sigaction, write, _exit) and `pagecache`
+//! (fadvise, and the read-only map of a file that is only passed to mincore).
 #![deny(unsafe_code)]
 
 mod error;

@@ -5,6 +5,8 @@
 #![deny(unsafe_code)]
 
 mod plan;
+pub mod sigbus;
+mod stamp;
 pub(crate) mod sys;
 mod weights;
 
@@ -17,6 +19,7 @@ use vk::{BufferBinding, Capabilities, DeviceType};
 use crate::EngineError;
 
 pub use plan::{plan_shards, Placement, PlanError, Shard, ShardPlan};
+pub use stamp::{FileChanged, FileStamp};
 pub use weights::Weights;
 
 /// How weights reach the GPU (`--weights`).

@@ -15,6 +15,7 @@ use vk::{
 
 use memmap2::MmapMut;
 
+use super::stamp::{FileChanged, FileStamp};
 use super::sys::{self, AnonImport, FileImport};
 use super::{
     auto_decision, plan_for, Faults, ResidencyOptions, ResidencyReport, ShardPlan, ShardReport,
@@ -78,6 +79,8 @@ pub struct Weights {
     _mlock: Option<Mlock>,
     ctx: Arc<Context>,
     file: Arc<GgufFile>,
+    /// The mapped file's size and modification time at load (`None`: not watched).
+    stamp: Option<FileStamp>,
 }
 
 impl Weights {
@@ -103,6 +106,24 @@ impl Weights {
         let _enter = span.enter();
         let t0 = Instant::now();
         let caps = ctx.caps();
+        // The file as it is now, to notice a rewrite later. Not watched when the path is
+        // gone (removed after mapping: the mapping stays valid) or names a file of
+        // another size (most likely replaced by rename since it was mapped).
+        let stamp = match FileStamp::take(file.path()) {
+            Ok(st) if st.len() == model_bytes => Some(st),
+            Ok(st) => {
+                tracing::debug!(
+                    now = st.len(),
+                    mapped = model_bytes,
+                    "model path names another file: not watched"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::debug!("model path not openable ({e}): not watched");
+                None
+            }
+        };
 
         let file_resident_bytes = crate::memstats::file_resident_bytes(file.bytes());
         let share = if model_bytes == 0 {
@@ -331,7 +352,20 @@ impl Weights {
             _mlock: mlock,
             ctx: Arc::clone(ctx),
             file,
+            stamp,
         })
+    }
+
+    /// Whether the mapped model file was rewritten in place (size or modification time
+    /// changed) since load: one `fstat`, cheap enough to call between tokens. A file
+    /// replaced by rename is not a change (the mapping keeps the old pages). A file that
+    /// shrank is caught here if no page was read since; a read of a lost page raises
+    /// SIGBUS instead (see [`super::sigbus`]).
+    ///
+    /// Not watched (always `Ok`) when, at load, the path no longer named a file of the
+    /// mapped size.
+    pub fn check_file(&self) -> Result<(), FileChanged> {
+        self.stamp.as_ref().map_or(Ok(()), FileStamp::check)
     }
 
     /// The view of tensor `name`.
