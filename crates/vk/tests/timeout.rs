@@ -25,8 +25,8 @@ fn record(
     out: &Buffer,
 ) {
     cmd.begin().unwrap();
-    cmd.fill(data.raw(), 0, N_BYTES, PATTERN);
-    cmd.fill(out.raw(), 0, 8, 0);
+    cmd.fill(data, 0, N_BYTES, PATTERN);
+    cmd.fill(out, 0, 8, 0);
     cmd.barrier();
     let push = ChecksumPush {
         byte_offset: 0,

@@ -235,7 +235,7 @@ pub struct ResidencyReport {
 
 /// One bindable piece: a whole tensor, or a row range of one larger than the cap or
 /// `maxStorageBufferRange`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewPart {
     /// Buffer range to bind (offset aligned to `minStorageBufferOffsetAlignment`).
     pub binding: BufferBinding,

@@ -5,6 +5,7 @@
 
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::sync::Arc;
 
 use gguf::GgufFile;
@@ -53,15 +54,8 @@ pub fn resident_bytes(map: &[u8]) -> std::io::Result<u64> {
     Ok(total)
 }
 
-/// Pages of the model file imported in place; holds the file so the mapping outlives
-/// the import (field order = drop order: buffer first).
-pub struct FileImport {
-    /// The imported buffer.
-    pub buffer: ImportedBuffer,
-    _file: Arc<GgufFile>,
-}
-
-/// Imports `[start, start + len)` of the file mapping.
+/// Imports `[start, start + len)` of the file mapping; the buffer holds the file (and so
+/// the mapping) alive.
 ///
 /// Refused (without calling the driver) unless the range lies inside the mapping's
 /// pages: the mapping covers the file rounded up to whole system pages.
@@ -70,7 +64,7 @@ pub fn import_file(
     file: &Arc<GgufFile>,
     start: u64,
     len: u64,
-) -> Result<FileImport, VkError> {
+) -> Result<ImportedBuffer, VkError> {
     let bytes = file.bytes();
     let mapped = (bytes.len() as u64).div_ceil(page_size()) * page_size();
     let base = bytes.as_ptr();
@@ -84,38 +78,29 @@ pub fn import_file(
         });
     }
     // SAFETY: the range lies inside the file mapping's pages (checked above; the last
-    // page is mapped in full by mmap, bytes past EOF read as zero); `FileImport` holds
-    // the `Arc<GgufFile>` so the mapping outlives the buffer; the engine binds weight
-    // buffers read-only. Alignment is checked by `import`.
-    let buffer = unsafe { ImportedBuffer::import(ctx, base.add(start as usize), len) }?;
-    Ok(FileImport {
-        buffer,
-        _file: Arc::clone(file),
-    })
-}
-
-/// Anonymous memory imported into the GPU; the buffer drops before the memory.
-pub struct AnonImport {
-    /// The imported buffer.
-    pub buffer: ImportedBuffer,
-    _map: MmapMut,
-}
-
-impl AnonImport {
-    /// Bytes of anonymous memory imported.
-    pub fn anon_bytes(&self) -> u64 {
-        self.buffer.size()
+    // page is mapped in full by mmap, bytes past EOF read as zero); the buffer holds the
+    // `Arc<GgufFile>` as the owner of the range, so the mapping outlives the device
+    // memory; the engine binds weight buffers read-only. Alignment is checked by
+    // `import`.
+    unsafe {
+        ImportedBuffer::import(
+            ctx,
+            base.add(start as usize),
+            len,
+            Arc::clone(file) as Arc<dyn Any + Send + Sync>,
+        )
     }
 }
 
 /// Imports `len` bytes of `map` from `offset` (start and length must meet the import
 /// alignment; refused without calling the driver if the range is not inside `map`).
+/// The buffer owns the map from here on.
 pub fn import_anon(
     ctx: &Arc<Context>,
     map: MmapMut,
     offset: usize,
     len: usize,
-) -> Result<AnonImport, VkError> {
+) -> Result<ImportedBuffer, VkError> {
     let Some(s) = offset.checked_add(len).and_then(|end| map.get(offset..end)) else {
         return Err(VkError::Import {
             ptr: map.as_ptr() as usize + offset,
@@ -126,10 +111,10 @@ pub fn import_anon(
             ),
         });
     };
-    // SAFETY: the range lies inside `map` (checked above), which `AnonImport` keeps
-    // alive after the buffer (field order); moved in here, it can no longer be written
-    // through (the engine binds weight buffers read-only). Alignment is checked by
-    // `import`.
-    let buffer = unsafe { ImportedBuffer::import(ctx, s.as_ptr(), s.len() as u64) }?;
-    Ok(AnonImport { buffer, _map: map })
+    let ptr = s.as_ptr();
+    // SAFETY: the range lies inside `map` (checked above), which the buffer owns from
+    // here on (moving an MmapMut does not move its pages), so the memory outlives the
+    // device memory; nothing can write it any more (the engine binds weight buffers
+    // read-only). Alignment is checked by `import`.
+    unsafe { ImportedBuffer::import(ctx, ptr, len as u64, Arc::new(map)) }
 }

@@ -9,14 +9,14 @@ use std::time::Instant;
 use gguf::GgufFile;
 use vk::checksum::{self, ChecksumPush};
 use vk::{
-    Buffer, BufferBinding, BufferDesc, CommandBuffer, Context, Kernel, MemLocation, Pipeline,
-    PipelineDesc,
+    Buffer, BufferBinding, BufferDesc, BufferRef, CommandBuffer, Context, ImportedBuffer, Kernel,
+    MemLocation, Pipeline, PipelineDesc,
 };
 
 use memmap2::MmapMut;
 
 use super::stamp::{FileChanged, FileStamp};
-use super::sys::{self, AnonImport, FileImport};
+use super::sys;
 use super::{
     auto_decision, plan_for, Faults, ResidencyOptions, ResidencyReport, ShardPlan, ShardReport,
     TensorView, ViewPart, WeightsMode,
@@ -30,19 +30,18 @@ const PROGRESS_MIN: u64 = 256 << 20;
 /// Below this share of the file in the page cache, load warns.
 const LOW_RESIDENCY: f64 = 0.5;
 
-/// What holds one shard's bytes on the GPU.
+/// What holds one shard's bytes on the GPU (an import holds the memory it reads).
 enum Backing {
-    File(FileImport),
-    Anon(AnonImport),
+    File(ImportedBuffer),
+    Anon(ImportedBuffer),
     Copy(Buffer),
 }
 
 impl Backing {
-    fn raw(&self) -> vk::ash::vk::Buffer {
+    fn buffer_ref(&self) -> BufferRef {
         match self {
-            Backing::File(f) => f.buffer.raw(),
-            Backing::Anon(a) => a.buffer.raw(),
-            Backing::Copy(b) => b.raw(),
+            Backing::File(b) | Backing::Anon(b) => b.buffer_ref(),
+            Backing::Copy(b) => b.buffer_ref(),
         }
     }
 }
@@ -255,7 +254,7 @@ impl Weights {
                 .iter()
                 .map(|p| ViewPart {
                     binding: BufferBinding {
-                        buffer: shards[p.shard].raw(),
+                        buffer: shards[p.shard].buffer_ref(),
                         offset: p.bind_offset,
                         range: p.range,
                     },
@@ -307,8 +306,7 @@ impl Weights {
         let imported_bytes = shards
             .iter()
             .map(|b| match b {
-                Backing::File(f) => f.buffer.size(),
-                Backing::Anon(a) => a.buffer.size(),
+                Backing::File(b) | Backing::Anon(b) => b.size(),
                 Backing::Copy(_) => 0,
             })
             .sum();
@@ -316,7 +314,7 @@ impl Weights {
             .iter()
             .map(|b| {
                 if let Backing::Anon(a) = b {
-                    a.anon_bytes()
+                    a.size()
                 } else {
                     0
                 }
@@ -415,7 +413,7 @@ impl Weights {
         let mut jobs = Vec::new();
         for (t, v) in self.views.iter().enumerate() {
             for part in &v.parts {
-                sets.push(p.descriptor_set(&[part.binding, out.binding()])?);
+                sets.push(p.descriptor_set(&[part.binding.clone(), out.binding()])?);
                 let push = ChecksumPush {
                     byte_offset: part.byte_offset as u32,
                     n_bytes: (part.n_rows * v.row_bytes) as u32,
@@ -427,7 +425,7 @@ impl Weights {
         }
         let mut cmd = CommandBuffer::new(ctx)?;
         cmd.begin()?;
-        cmd.fill(out.raw(), 0, out.size(), 0);
+        cmd.fill(&out, 0, out.size(), 0);
         cmd.barrier();
         for (push, set) in jobs.iter().zip(&sets) {
             let groups = checksum::groups_for(u64::from(push.n_bytes));
@@ -459,7 +457,7 @@ fn import_anon_shard(
     len: u64,
     align: u64,
     faults: Faults,
-) -> Result<AnonImport, String> {
+) -> Result<ImportedBuffer, String> {
     if faults.import_anon {
         return Err("VKDECODE_FAULT=import-anon (simulated driver refusal)".into());
     }
@@ -514,7 +512,7 @@ fn copy_shards(
                 staging.write((b - a) as u64, &vec![0u8; tail as usize])?;
             }
             cmd.begin()?;
-            cmd.copy_buffer(staging.raw(), buf.raw(), &[(0, off, n)]);
+            cmd.copy_buffer(&staging, &buf, &[(0, off, n)]);
             cmd.barrier();
             cmd.end()?;
             ctx.submit_and_wait(&cmd)?;
