@@ -3,6 +3,7 @@
 //! The binary is glue: every subcommand lives in its own module and calls into the
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod convert;

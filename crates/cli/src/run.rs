@@ -209,6 +209,7 @@ pub fn run(args: Args) -> Result<()> {
         gguf::GgufFile::open(&model_path)
             .with_context(|| format!("opening model {}", model_path.display()))?,
     );
+    engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
     let tok = tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?;
     let text = if args.chat {
         let template = tokenizer::ChatTemplate::from_gguf(file.gguf())?

@@ -43,6 +43,9 @@ pub enum EngineError {
     /// Bad input from the caller (empty prompt, token id outside the vocabulary, ...).
     #[error("invalid input: {0}")]
     Input(String),
+    /// The mapped model file was rewritten in place during the run.
+    #[error(transparent)]
+    FileChanged(#[from] crate::residency::FileChanged),
     /// The KV cache cannot hold more tokens.
     #[error("context full: {n} more token(s) at position {pos} exceed the context of {ctx_len} positions (raise -c / ctx_len)")]
     ContextFull {

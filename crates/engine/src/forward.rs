@@ -137,8 +137,8 @@ impl Recorder<'_> {
         let row = (self.acts.max_batch * self.cfg.dim * 4) as u64;
         let n = u64::from(self.n_tok) * (self.cfg.dim * 4) as u64;
         self.cmd.copy_buffer(
-            self.acts.x.raw(),
-            self.acts.layer_dump.raw(),
+            &self.acts.x,
+            &self.acts.layer_dump,
             &[(0, l as u64 * row, n)],
         );
         self.cmd.barrier();

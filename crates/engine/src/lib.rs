@@ -1,8 +1,11 @@
 //! engine: weight residency (import / copy / auto) on crates/vk, the Llama graph,
 //! sampling, memory statistics. This file is a list of modules only.
 //!
-//! `unsafe` is confined to `residency::sys` (mmap/mincore/mlock and the host-pointer
-//! import call) and `pagecache` (fadvise/mincore), each block with a SAFETY comment.
+//! `unsafe` is denied here and allowed in three named modules only, each block with a
+//! SAFETY comment: `residency::sys` (sysconf, mincore, the host-pointer import calls),
+//! `residency::sigbus` (the SIGBUS handler: sigaction, write, _exit) and `pagecache`
+//! (fadvise, and the read-only map of a file that is only passed to mincore).
+#![deny(unsafe_code)]
 
 mod error;
 pub mod memstats;

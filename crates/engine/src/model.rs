@@ -188,7 +188,7 @@ impl Views {
         row_bytes: u64,
     ) -> Result<Arc<BufferView>, EngineError> {
         let format = kernels::weight_texel_format(ty);
-        let v = Arc::new(BufferView::new(&self.ctx, p.binding, format)?);
+        let v = Arc::new(BufferView::new(&self.ctx, p.binding.clone(), format)?);
         // whole texels: the part's last bytes must not fall in a partial texel
         let end = p.byte_offset + p.n_rows * row_bytes;
         if v.texels() * format_bytes(format) < end {
@@ -248,7 +248,7 @@ impl Views {
             return Ok(None);
         }
         let binding = BufferBinding {
-            buffer: first.binding.buffer,
+            buffer: first.binding.buffer.clone(),
             offset: start,
             range: texels * texel,
         };
@@ -392,7 +392,7 @@ fn vector(weights: &Weights, name: &str, n: usize) -> Result<(BufferBinding, u32
             why: "not 4-byte aligned".into(),
         });
     }
-    Ok((p.binding, to_u32(p.byte_offset / 4, "norm offset")?))
+    Ok((p.binding.clone(), to_u32(p.byte_offset / 4, "norm offset")?))
 }
 
 /// What one fused matmul reads and writes, before it is split into calls.
@@ -497,7 +497,7 @@ impl GpuModel {
                 xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
                 aux: None,
-                outs: [Some(acts.q.binding()), Some(kc), Some(vc)],
+                outs: [Some(acts.q.binding()), Some(kc.clone()), Some(vc.clone())],
                 out_ld: q_dim,
                 last_token_only: false,
             };
@@ -551,8 +551,9 @@ impl GpuModel {
                 out_ld: dim,
                 last_token_only: false,
             };
-            let mut build =
-                |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, &mut views, neox, head_dim);
+            let mut build = |s: MatmulSpec| {
+                matmul_calls(s, dummy.clone(), acts, kernels, &mut views, neox, head_dim)
+            };
             layers.push(LayerCalls {
                 qkv: build(qkv)?,
                 attention,
@@ -709,7 +710,7 @@ fn matmul_calls(
             }
         }
     }
-    let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
+    let (aux, aux_ofs) = spec.aux.clone().unwrap_or((dummy.clone(), 0));
     let mut calls = Vec::with_capacity(groups.len());
     for (gi, group) in groups.iter().enumerate() {
         let mut w = [
@@ -748,13 +749,13 @@ fn matmul_calls(
             });
         }
         let shared_w = shared.is_some();
-        let o = |i: usize| spec.outs[i].unwrap_or(dummy);
+        let o = |i: usize| spec.outs[i].clone().unwrap_or(dummy.clone());
         let bindings = [
             Descriptor::Texel(&w[0]),
             Descriptor::Texel(&w[1]),
             Descriptor::Texel(&w[2]),
             Descriptor::Texel(&spec.x),
-            Descriptor::Buffer(aux),
+            Descriptor::Buffer(aux.clone()),
             Descriptor::Buffer(o(0)),
             Descriptor::Buffer(o(1)),
             Descriptor::Buffer(o(2)),

@@ -7,6 +7,7 @@
 //! mapping of the file, which reports pages without faulting them in.
 //!
 //! These are the only `unsafe` calls of this module; each has a `SAFETY:` comment.
+#![allow(unsafe_code)]
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

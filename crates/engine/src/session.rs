@@ -55,7 +55,7 @@ pub struct Counters {
     pub host_waits: u64,
     /// Bytes read back from GPU buffers by this session.
     pub bytes_read_back: u64,
-    /// GPU buffers this session allocated (all at load).
+    /// Device memory allocations alive on the session's context (`vk::Context::live_allocations`).
     pub allocations: u64,
     /// Tokens decoded (`decode_*`), prompt tokens not included.
     pub decoded_tokens: u64,
@@ -306,7 +306,10 @@ impl Session {
     }
 
     pub fn counters(&self) -> Counters {
-        self.counters
+        Counters {
+            allocations: self.ctx.live_allocations(),
+            ..self.counters
+        }
     }
 
     /// Per-kernel GPU time of the last decode token (in dispatch order of first

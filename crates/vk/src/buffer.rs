@@ -1,5 +1,6 @@
 //! Allocator-backed buffers: `VkBuffer` + gpu-allocator `Allocation`, freed together.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use ash::vk;
@@ -48,24 +49,103 @@ impl BufferDesc {
     }
 }
 
-/// A range of a buffer as bound into a descriptor set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A shared handle on a buffer and its memory: what bindings, texel views, descriptor
+/// sets and command buffers hold, so that a buffer lives as long as anything that can
+/// reach it on the GPU. Compares by identity.
+#[derive(Clone)]
+pub struct BufferRef(pub(crate) Arc<RawBuffer>);
+
+impl BufferRef {
+    pub(crate) fn raw(&self) -> vk::Buffer {
+        self.0.buffer
+    }
+
+    /// The buffer's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+}
+
+impl PartialEq for BufferRef {
+    fn eq(&self, other: &BufferRef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for BufferRef {}
+
+impl std::fmt::Debug for BufferRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferRef({})", self.0.name)
+    }
+}
+
+/// A range of a buffer as bound into a descriptor set; holds the buffer alive.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferBinding {
     /// The buffer.
-    pub buffer: vk::Buffer,
+    pub buffer: BufferRef,
     /// Byte offset (a multiple of `minStorageBufferOffsetAlignment`).
     pub offset: u64,
     /// Byte length (at most `maxStorageBufferRange`).
     pub range: u64,
 }
 
-/// A buffer with its memory; both are released in `Drop`.
+/// What backs a [`RawBuffer`].
+pub(crate) enum Memory {
+    /// A gpu-allocator allocation (taken in `Drop`).
+    Allocated(Option<Allocation>),
+    /// Device memory imported from a host pointer, and the owner of that host memory
+    /// (dropped after the device memory is freed).
+    Imported {
+        memory: vk::DeviceMemory,
+        len: u64,
+        _host: Arc<dyn Any + Send + Sync>,
+    },
+}
+
+/// One `VkBuffer` and its memory, destroyed when the last holder goes.
+pub(crate) struct RawBuffer {
+    pub(crate) buffer: vk::Buffer,
+    pub(crate) memory: Memory,
+    pub(crate) name: String,
+    pub(crate) ctx: Arc<Context>,
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        // SAFETY: nothing can reach the buffer any more: every binding, view, set and
+        // recording that used it held this value, and recordings are released only
+        // after their submission completed. The buffer goes before its memory.
+        unsafe { self.ctx.device().destroy_buffer(self.buffer, None) };
+        match &mut self.memory {
+            Memory::Allocated(a) => {
+                if let Some(a) = a.take() {
+                    self.ctx.add_device_bytes(a.size(), false);
+                    self.ctx.count_allocation(false);
+                    if let Ok(mut alloc) = self.ctx.allocator().lock() {
+                        if let Err(e) = alloc.free(a) {
+                            tracing::warn!(buffer = %self.name, "freeing buffer memory: {e}");
+                        }
+                    }
+                }
+            }
+            Memory::Imported { memory, len, .. } => {
+                // SAFETY: the buffer bound to it was destroyed above; the host memory
+                // (`_host`) is released after this, with the other fields.
+                unsafe { self.ctx.device().free_memory(*memory, None) };
+                self.ctx.add_imported_bytes(*len, false);
+                self.ctx.count_allocation(false);
+            }
+        }
+    }
+}
+
+/// A buffer with its memory; both are released when the buffer and everything that
+/// binds it (bindings, views, descriptor sets, recordings) are gone.
 pub struct Buffer {
-    buffer: vk::Buffer,
-    allocation: Option<Allocation>,
+    raw: Arc<RawBuffer>,
     size: u64,
-    name: String,
-    ctx: Arc<Context>,
 }
 
 impl Buffer {
@@ -130,39 +210,41 @@ impl Buffer {
         let bound =
             unsafe { dev.bind_buffer_memory(buffer, allocation.memory(), allocation.offset()) };
         let size_alloc = allocation.size();
-        let out = Buffer {
-            buffer,
-            allocation: Some(allocation),
-            size: desc.size,
-            name: desc.name.clone(),
-            ctx: Arc::clone(ctx),
-        };
         ctx.add_device_bytes(size_alloc, true);
+        ctx.count_allocation(true);
+        let out = Buffer {
+            raw: Arc::new(RawBuffer {
+                buffer,
+                memory: Memory::Allocated(Some(allocation)),
+                name: desc.name.clone(),
+                ctx: Arc::clone(ctx),
+            }),
+            size: desc.size,
+        };
         bound.call("vkBindBufferMemory")?; // on error `out` is dropped and freed
         Ok(out)
     }
 
     fn host_ptr(&self) -> Result<*mut u8, VkError> {
-        let a = self
-            .allocation
-            .as_ref()
-            .ok_or_else(|| VkError::NotHostVisible(self.name.clone()))?;
+        let Memory::Allocated(Some(a)) = &self.raw.memory else {
+            return Err(VkError::NotHostVisible(self.raw.name.clone()));
+        };
         if !a
             .memory_properties()
             .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
         {
-            return Err(VkError::NotHostVisible(self.name.clone()));
+            return Err(VkError::NotHostVisible(self.raw.name.clone()));
         }
         a.mapped_ptr()
             .map(|p| p.as_ptr() as *mut u8)
-            .ok_or_else(|| VkError::NotHostVisible(self.name.clone()))
+            .ok_or_else(|| VkError::NotHostVisible(self.raw.name.clone()))
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), VkError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
             _ => Err(VkError::OutOfBounds {
-                name: self.name.clone(),
+                name: self.raw.name.clone(),
                 offset,
                 len,
                 size: self.size,
@@ -203,25 +285,25 @@ impl Buffer {
 
     /// The whole buffer as a binding.
     pub fn binding(&self) -> BufferBinding {
-        BufferBinding {
-            buffer: self.buffer,
-            offset: 0,
-            range: self.size,
-        }
+        self.binding_range(0, self.size)
     }
 
     /// A sub-range as a binding (caller keeps offset alignment).
     pub fn binding_range(&self, offset: u64, range: u64) -> BufferBinding {
         BufferBinding {
-            buffer: self.buffer,
+            buffer: self.buffer_ref(),
             offset,
             range,
         }
     }
 
-    /// The raw handle.
-    pub fn raw(&self) -> vk::Buffer {
-        self.buffer
+    /// A shared handle on the buffer (keeps it alive).
+    pub fn buffer_ref(&self) -> BufferRef {
+        BufferRef(Arc::clone(&self.raw))
+    }
+
+    pub(crate) fn raw(&self) -> vk::Buffer {
+        self.raw.buffer
     }
 
     /// Size in bytes as asked.
@@ -231,31 +313,14 @@ impl Buffer {
 
     /// Name given at creation.
     pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        // SAFETY: the caller guarantees the GPU no longer uses this buffer (all
-        // submissions touching it have been waited for); the buffer is destroyed
-        // before its memory is freed.
-        unsafe { self.ctx.device().destroy_buffer(self.buffer, None) };
-        if let Some(a) = self.allocation.take() {
-            self.ctx.add_device_bytes(a.size(), false);
-            if let Ok(mut alloc) = self.ctx.allocator().lock() {
-                if let Err(e) = alloc.free(a) {
-                    tracing::warn!(buffer = %self.name, "freeing buffer memory: {e}");
-                }
-            }
-        }
+        &self.raw.name
     }
 }
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Buffer")
-            .field("name", &self.name)
+            .field("name", &self.raw.name)
             .field("size", &self.size)
             .finish()
     }

@@ -1,9 +1,11 @@
 //! Command buffers (RAII, re-recordable) and timestamp query pools.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use ash::vk;
 
+use crate::buffer::Buffer;
 use crate::error::{VkError, VkResultExt};
 use crate::pipeline::{DescriptorSet, Pipeline};
 use crate::Context;
@@ -11,14 +13,18 @@ use crate::Context;
 /// A primary command buffer with its own pool (so recording needs no shared lock).
 ///
 /// Recording errors (bad push size, a set from an incompatible layout) are kept and
-/// returned by [`CommandBuffer::end`]. Every buffer, set and pipeline recorded must stay
-/// alive until the submission using them has been waited for.
+/// returned by [`CommandBuffer::end`]. The command buffer holds every pipeline, set and
+/// buffer it records until it is recorded again or dropped, both of which happen only
+/// when no submission of it is pending ([`Context::submit_and_wait`] returns after
+/// completion, even on a timeout).
 pub struct CommandBuffer {
     pool: vk::CommandPool,
     cmd: vk::CommandBuffer,
     recording: bool,
     executable: bool,
     error: Option<String>,
+    /// What the recording references; released after the pool in `Drop`.
+    used: Vec<Arc<dyn Any + Send + Sync>>,
     ctx: Arc<Context>,
 }
 
@@ -53,6 +59,7 @@ impl CommandBuffer {
             recording: false,
             executable: false,
             error: None,
+            used: Vec::new(),
             ctx: Arc::clone(ctx),
         })
     }
@@ -70,6 +77,7 @@ impl CommandBuffer {
         self.recording = true;
         self.executable = false;
         self.error = None;
+        self.used.clear();
         Ok(())
     }
 
@@ -127,8 +135,11 @@ impl CommandBuffer {
         if groups.contains(&0) {
             return; // nothing to do; a zero dispatch is legal but pointless
         }
+        self.used.push(p.keep());
+        self.used.push(set.keep());
         let dev = self.ctx.device();
-        // SAFETY: recording state; pipeline, layout and set are live and compatible.
+        // SAFETY: recording state; pipeline, layout and set are live and compatible, and
+        // held by `used` until the recording is done with.
         unsafe {
             dev.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, p.raw());
             dev.cmd_bind_descriptor_sets(
@@ -203,7 +214,7 @@ impl CommandBuffer {
     }
 
     /// Copies `(src_offset, dst_offset, size)` regions from `src` to `dst`.
-    pub fn copy_buffer(&mut self, src: vk::Buffer, dst: vk::Buffer, regions: &[(u64, u64, u64)]) {
+    pub fn copy_buffer(&mut self, src: &Buffer, dst: &Buffer, regions: &[(u64, u64, u64)]) {
         if !self.recordable("copy_buffer") || regions.is_empty() {
             return;
         }
@@ -215,12 +226,19 @@ impl CommandBuffer {
                 size: n,
             })
             .collect();
-        // SAFETY: recording state; the caller passes live buffers with TRANSFER usage.
-        unsafe { self.ctx.device().cmd_copy_buffer(self.cmd, src, dst, &r) };
+        self.used.push(src.buffer_ref().0);
+        self.used.push(dst.buffer_ref().0);
+        // SAFETY: recording state; both buffers are live (held by `used`) and were
+        // created with TRANSFER_SRC | TRANSFER_DST usage by `Buffer::new`.
+        unsafe {
+            self.ctx
+                .device()
+                .cmd_copy_buffer(self.cmd, src.raw(), dst.raw(), &r)
+        };
     }
 
     /// Fills `size` bytes (multiple of 4, or `u64::MAX` for the rest) at `offset` with `value`.
-    pub fn fill(&mut self, buf: vk::Buffer, offset: u64, size: u64, value: u32) {
+    pub fn fill(&mut self, buf: &Buffer, offset: u64, size: u64, value: u32) {
         if !self.recordable("fill") {
             return;
         }
@@ -230,11 +248,12 @@ impl CommandBuffer {
             ));
             return;
         }
-        // SAFETY: recording state; live buffer with TRANSFER_DST usage (caller).
+        self.used.push(buf.buffer_ref().0);
+        // SAFETY: recording state; live buffer (held by `used`) with TRANSFER_DST usage.
         unsafe {
             self.ctx
                 .device()
-                .cmd_fill_buffer(self.cmd, buf, offset, size, value)
+                .cmd_fill_buffer(self.cmd, buf.raw(), offset, size, value)
         };
     }
 
@@ -291,8 +310,9 @@ impl CommandBuffer {
 
 impl Drop for CommandBuffer {
     fn drop(&mut self) {
-        // SAFETY: the buffer is not pending (submit_and_wait waits); destroying the pool
-        // frees the command buffer.
+        // SAFETY: the buffer is not pending: submit_and_wait returns only once the
+        // submission completed, even after a fence timeout; destroying the pool frees
+        // the command buffer.
         unsafe { self.ctx.device().destroy_command_pool(self.pool, None) };
     }
 }

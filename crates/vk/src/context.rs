@@ -2,7 +2,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -194,6 +194,12 @@ fn choose(all: &[Capabilities], index: Option<usize>) -> Result<usize, VkError> 
     default_device(all).ok_or(VkError::NoDevice)
 }
 
+/// Whether the comma list in `VKDECODE_FAULT` (simulated failures, for tests) names
+/// `what`. The engine reads the same variable for its own entries.
+fn fault_from_env(what: &str) -> bool {
+    std::env::var("VKDECODE_FAULT").is_ok_and(|v| v.split(',').any(|x| x.trim() == what))
+}
+
 /// Queue + fence guarded together: submissions must be externally synchronised.
 struct QueueState {
     queue: vk::Queue,
@@ -213,6 +219,12 @@ pub struct Context {
     host_waits: AtomicU64,
     device_bytes: AtomicU64,
     imported_bytes: AtomicU64,
+    /// Device memory allocations alive now / made so far (allocator-backed buffers and
+    /// host-pointer imports: one each).
+    live_allocations: AtomicU64,
+    total_allocations: AtomicU64,
+    /// `VKDECODE_FAULT=fence-timeout` (tests): the next fence wait reports a timeout.
+    fault_timeout: AtomicBool,
     instance: ManuallyDrop<InstanceOwner>,
 }
 
@@ -329,6 +341,9 @@ impl Context {
             host_waits: AtomicU64::new(0),
             device_bytes: AtomicU64::new(0),
             imported_bytes: AtomicU64::new(0),
+            live_allocations: AtomicU64::new(0),
+            total_allocations: AtomicU64::new(0),
+            fault_timeout: AtomicBool::new(fault_from_env("fence-timeout")),
             instance: ManuallyDrop::new(inst),
         }))
     }
@@ -363,7 +378,28 @@ impl Context {
         self.imported_bytes.load(Ordering::Relaxed)
     }
 
+    /// Device memory allocations alive now: every [`crate::Buffer`] and
+    /// [`crate::ImportedBuffer`] created on this context and not yet destroyed (each owns
+    /// one allocation). A leak per token shows up here.
+    pub fn live_allocations(&self) -> u64 {
+        self.live_allocations.load(Ordering::Relaxed)
+    }
+
+    /// Device memory allocations made on this context so far, freed or not. An
+    /// allocation per token shows up here even when it is freed again.
+    pub fn total_allocations(&self) -> u64 {
+        self.total_allocations.load(Ordering::Relaxed)
+    }
+
     /// Submits one recorded command buffer and waits for its fence (one host wait).
+    ///
+    /// On return the submission has completed (or the device is lost), whatever the
+    /// result: the command buffer and everything it recorded may be reset or dropped.
+    /// When the fence does not signal within the deadline, the wait continues without
+    /// one before [`VkError::Timeout`] is returned, so that dropping the command buffer
+    /// (which destroys its pool) never frees work the GPU is still running, and the fence
+    /// is reset for the next submission. A GPU that really hangs is reported by the
+    /// driver as lost, which ends that second wait.
     pub fn submit_and_wait(&self, cmd: &CommandBuffer) -> Result<(), VkError> {
         cmd.check_submittable()?;
         let bufs = [cmd.raw()];
@@ -372,20 +408,42 @@ impl Context {
             .queue
             .lock()
             .map_err(|_| VkError::Recording("queue mutex poisoned".into()))?;
+        // `VKDECODE_FAULT=fence-timeout`: the first wait of this context times out at once.
+        let forced = self.fault_timeout.swap(false, Ordering::Relaxed);
+        let timeout = if forced {
+            0
+        } else {
+            FENCE_TIMEOUT.as_nanos() as u64
+        };
         // SAFETY: the queue and fence are externally synchronised by the mutex; the
         // command buffer is in the executable state (checked above) and owned by `cmd`,
-        // which the caller keeps alive across this call; the fence is unsignalled.
+        // which the caller keeps alive across this call; the fence is unsignalled (every
+        // path below that returns after the submit has waited for it and reset it, or
+        // the device is lost).
         unsafe {
             self.device
                 .queue_submit(q.queue, &submit, q.fence)
                 .call("vkQueueSubmit")?;
-            let waited =
-                self.device
-                    .wait_for_fences(&[q.fence], true, FENCE_TIMEOUT.as_nanos() as u64);
+            let mut waited = self.device.wait_for_fences(&[q.fence], true, timeout);
+            if forced {
+                waited = Err(vk::Result::TIMEOUT);
+            }
             self.host_waits.fetch_add(1, Ordering::Relaxed);
             match waited {
                 Ok(()) => {}
-                Err(vk::Result::TIMEOUT) => return Err(VkError::Timeout(FENCE_TIMEOUT.as_secs())),
+                Err(vk::Result::TIMEOUT) => {
+                    tracing::error!(
+                        timeout_s = FENCE_TIMEOUT.as_secs(),
+                        forced,
+                        "the GPU did not finish in time; waiting for it before reporting"
+                    );
+                    // The command buffer is still pending: wait until it is not.
+                    let done = self.device.wait_for_fences(&[q.fence], true, u64::MAX);
+                    if done.is_ok() {
+                        self.device.reset_fences(&[q.fence]).call("vkResetFences")?;
+                    }
+                    return Err(VkError::Timeout(FENCE_TIMEOUT.as_secs()));
+                }
                 Err(e) => {
                     return Err(VkError::Call {
                         call: "vkWaitForFences",
@@ -434,6 +492,16 @@ impl Context {
             self.device_bytes.fetch_add(n, Ordering::Relaxed);
         } else {
             self.device_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one allocation made (`true`) or freed (`false`).
+    pub(crate) fn count_allocation(&self, made: bool) {
+        if made {
+            self.live_allocations.fetch_add(1, Ordering::Relaxed);
+            self.total_allocations.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.live_allocations.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -1,23 +1,23 @@
 //! Host-pointer import (`VK_EXT_external_memory_host`): the GPU reads host pages in place.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use ash::vk;
 
-use crate::buffer::BufferBinding;
+use crate::buffer::{BufferBinding, BufferRef, Memory, RawBuffer};
 use crate::error::{VkError, VkResultExt};
 use crate::Context;
 
 /// A `VkBuffer` bound to `VkDeviceMemory` imported from a host pointer.
 ///
 /// Used for weights: the engine binds it read-only (shaders declare it `readonly`).
-/// Drop order: buffer, then memory; the host range must outlive this value.
+/// The buffer, its memory and the owner of the host range live as long as this value
+/// or anything binding it; they are released in that order.
 pub struct ImportedBuffer {
-    buffer: vk::Buffer,
-    memory: vk::DeviceMemory,
+    raw: Arc<RawBuffer>,
     len: u64,
     ptr: usize,
-    ctx: Arc<Context>,
 }
 
 impl ImportedBuffer {
@@ -28,15 +28,20 @@ impl ImportedBuffer {
     /// `maxMemoryAllocationSize` (and `maxBufferSize` when reported). A driver refusal is
     /// returned as [`VkError::Import`] with the driver's result.
     ///
+    /// `owner` is kept alive until the device memory is freed (after the last holder of
+    /// the buffer goes): pass what owns the host range (the file mapping, an anonymous
+    /// map).
+    ///
     /// # Safety
-    /// `ptr..ptr + len` must be mapped readable memory for the whole life of the returned
-    /// buffer (and of every GPU use of it), aligned as above; the GPU must only read it
-    /// if the mapping is read-only. Lavapipe checks nothing: an import past the end of a
-    /// mapping succeeds and the first shader read kills the process.
+    /// `ptr..ptr + len` must be mapped readable memory for as long as `owner` lives,
+    /// aligned as above; the GPU must only read it if the mapping is read-only. Lavapipe
+    /// checks nothing: an import past the end of a mapping succeeds and the first shader
+    /// read kills the process.
     pub unsafe fn import(
         ctx: &Arc<Context>,
         ptr: *const u8,
         len: u64,
+        owner: Arc<dyn Any + Send + Sync>,
     ) -> Result<ImportedBuffer, VkError> {
         let refuse = |why: String| VkError::Import {
             ptr: ptr as usize,
@@ -151,27 +156,35 @@ impl ImportedBuffer {
             });
         }
         ctx.add_imported_bytes(len, true);
+        ctx.count_allocation(true);
         Ok(ImportedBuffer {
-            buffer,
-            memory,
+            raw: Arc::new(RawBuffer {
+                buffer,
+                memory: Memory::Imported {
+                    memory,
+                    len,
+                    _host: owner,
+                },
+                name: format!("import {:#x}+{len}", ptr as usize),
+                ctx: Arc::clone(ctx),
+            }),
             len,
             ptr: ptr as usize,
-            ctx: Arc::clone(ctx),
         })
     }
 
     /// The whole buffer as a binding.
     pub fn binding(&self) -> BufferBinding {
         BufferBinding {
-            buffer: self.buffer,
+            buffer: self.buffer_ref(),
             offset: 0,
             range: self.len,
         }
     }
 
-    /// The raw handle.
-    pub fn raw(&self) -> vk::Buffer {
-        self.buffer
+    /// A shared handle on the buffer (keeps it, and the host range's owner, alive).
+    pub fn buffer_ref(&self) -> BufferRef {
+        BufferRef(Arc::clone(&self.raw))
     }
 
     /// Imported length in bytes.
@@ -182,18 +195,6 @@ impl ImportedBuffer {
     /// The host address it imports.
     pub fn host_address(&self) -> usize {
         self.ptr
-    }
-}
-
-impl Drop for ImportedBuffer {
-    fn drop(&mut self) {
-        // SAFETY: no GPU work uses the buffer any more (caller contract, as for every
-        // buffer); the buffer goes before its memory.
-        unsafe {
-            self.ctx.device().destroy_buffer(self.buffer, None);
-            self.ctx.device().free_memory(self.memory, None);
-        }
-        self.ctx.add_imported_bytes(self.len, false);
     }
 }
 

@@ -25,7 +25,7 @@ pub mod testing;
 mod texel;
 
 pub use ash;
-pub use buffer::{Buffer, BufferBinding, BufferDesc, MemLocation};
+pub use buffer::{Buffer, BufferBinding, BufferDesc, BufferRef, MemLocation};
 pub use caps::{Capabilities, DeviceType, MemoryHeapInfo, MemoryTypeInfo};
 pub use command::{CommandBuffer, QueryPool};
 pub use context::{default_device, enumerate_devices, Context, ContextOptions};

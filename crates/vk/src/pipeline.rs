@@ -1,6 +1,7 @@
 //! Compute pipelines: shader module, set layout of storage buffers, push range, spec
 //! constants, and a growable descriptor pool for the sets bound at load.
 
+use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -74,33 +75,64 @@ impl DescriptorKind {
     }
 }
 
-/// What a binding of a set is written with.
-#[derive(Clone, Copy, Debug)]
+/// What a binding of a set is written with; the set holds both kinds alive.
+#[derive(Clone, Debug)]
 pub enum Descriptor<'a> {
     /// A storage buffer range.
     Buffer(BufferBinding),
-    /// A texel buffer view (kept alive by the caller while the set is in use).
+    /// A texel buffer view.
     Texel(&'a BufferView),
 }
 
-/// A descriptor set written once; keeps its pool alive.
+/// A descriptor set written once; keeps its pool and every buffer and view it binds
+/// alive (command buffers that record it hold it in turn).
 pub struct DescriptorSet {
+    inner: Arc<RawSet>,
+}
+
+/// The set handle and what it references.
+pub(crate) struct RawSet {
     set: vk::DescriptorSet,
-    _owner: Arc<SetAllocator>,
+    owner: Arc<SetAllocator>,
+    _bound: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
 impl DescriptorSet {
-    /// The raw handle.
-    pub fn raw(&self) -> vk::DescriptorSet {
-        self.set
+    pub(crate) fn raw(&self) -> vk::DescriptorSet {
+        self.inner.set
+    }
+
+    pub(crate) fn keep(&self) -> Arc<RawSet> {
+        Arc::clone(&self.inner)
+    }
+}
+
+/// The pipeline objects, destroyed when the [`Pipeline`] and every recording of it
+/// are gone.
+pub(crate) struct RawPipeline {
+    pipeline: vk::Pipeline,
+    layout: vk::PipelineLayout,
+    module: vk::ShaderModule,
+    ctx: Arc<Context>,
+}
+
+impl Drop for RawPipeline {
+    fn drop(&mut self) {
+        let dev = self.ctx.device();
+        // SAFETY: no recording can reach the pipeline any more (they hold this value
+        // and are released after their submission completed); the set layout and
+        // pools are released by `SetAllocator` when its last Arc goes.
+        unsafe {
+            dev.destroy_pipeline(self.pipeline, None);
+            dev.destroy_shader_module(self.module, None);
+            dev.destroy_pipeline_layout(self.layout, None);
+        }
     }
 }
 
 /// A compute pipeline and everything it owns.
 pub struct Pipeline {
-    pipeline: vk::Pipeline,
-    layout: vk::PipelineLayout,
-    module: vk::ShaderModule,
+    raw: Arc<RawPipeline>,
     sets: Arc<SetAllocator>,
     kernel: Kernel,
     push_size: u32,
@@ -240,9 +272,12 @@ impl Pipeline {
             }
         };
         Ok(Pipeline {
-            pipeline,
-            layout,
-            module,
+            raw: Arc::new(RawPipeline {
+                pipeline,
+                layout,
+                module,
+                ctx: Arc::clone(ctx),
+            }),
             sets,
             kernel: desc.kernel,
             push_size: desc.push_size,
@@ -253,7 +288,10 @@ impl Pipeline {
     /// Allocates a set and writes `bindings` to bindings 0..n (all of them, in order;
     /// every binding of the layout must be a storage buffer).
     pub fn descriptor_set(&self, bindings: &[BufferBinding]) -> Result<DescriptorSet, VkError> {
-        let d: Vec<Descriptor<'_>> = bindings.iter().map(|b| Descriptor::Buffer(*b)).collect();
+        let d: Vec<Descriptor<'_>> = bindings
+            .iter()
+            .map(|b| Descriptor::Buffer(b.clone()))
+            .collect();
         self.descriptor_set_with(&d)
     }
 
@@ -353,7 +391,7 @@ impl Pipeline {
             .iter()
             .map(|d| match d {
                 Descriptor::Buffer(b) => [vk::DescriptorBufferInfo {
-                    buffer: b.buffer,
+                    buffer: b.buffer.raw(),
                     offset: b.offset,
                     range: b.range,
                 }],
@@ -385,11 +423,23 @@ impl Pipeline {
             })
             .collect();
         // SAFETY: the set is freshly allocated and not in use; buffers and views are live
-        // handles (the caller keeps views alive as long as the set is used).
+        // handles, and the set holds them alive from here on.
         unsafe { dev.update_descriptor_sets(&writes, &[]) };
+        let bound = descriptors
+            .iter()
+            .map(|d| -> Arc<dyn Any + Send + Sync> {
+                match d {
+                    Descriptor::Buffer(b) => b.buffer.0.clone(),
+                    Descriptor::Texel(v) => v.keep(),
+                }
+            })
+            .collect();
         Ok(DescriptorSet {
-            set,
-            _owner: Arc::clone(&self.sets),
+            inner: Arc::new(RawSet {
+                set,
+                owner: Arc::clone(&self.sets),
+                _bound: bound,
+            }),
         })
     }
 
@@ -404,30 +454,21 @@ impl Pipeline {
     }
 
     pub(crate) fn raw(&self) -> vk::Pipeline {
-        self.pipeline
+        self.raw.pipeline
     }
 
     pub(crate) fn layout(&self) -> vk::PipelineLayout {
-        self.layout
+        self.raw.layout
+    }
+
+    pub(crate) fn keep(&self) -> Arc<RawPipeline> {
+        Arc::clone(&self.raw)
     }
 
     /// Whether `set` fits this pipeline's layout (same number of storage bindings:
     /// identically defined set layouts are compatible).
     pub(crate) fn accepts(&self, set: &DescriptorSet) -> bool {
-        Arc::ptr_eq(&self.sets, &set._owner) || self.sets.kinds == set._owner.kinds
-    }
-}
-
-impl Drop for Pipeline {
-    fn drop(&mut self) {
-        let dev = self.ctx.device();
-        // SAFETY: no GPU work uses the pipeline any more (caller contract); the set
-        // layout and pools are released by `SetAllocator` when its last Arc goes.
-        unsafe {
-            dev.destroy_pipeline(self.pipeline, None);
-            dev.destroy_shader_module(self.module, None);
-            dev.destroy_pipeline_layout(self.layout, None);
-        }
+        Arc::ptr_eq(&self.sets, &set.inner.owner) || self.sets.kinds == set.inner.owner.kinds
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use crate::buffer::BufferBinding;
+use crate::buffer::{BufferBinding, BufferRef};
 use crate::error::{VkError, VkResultExt};
 use crate::Context;
 
@@ -39,11 +39,26 @@ impl TexelFormat {
     }
 }
 
-/// A `VkBufferView`; destroyed in `Drop`. The buffer it views must outlive it.
+/// A `VkBufferView`; holds the buffer it views. The view is destroyed when this value
+/// and every descriptor set and recording that uses it are gone.
 pub struct BufferView {
-    view: vk::BufferView,
+    raw: Arc<RawView>,
     texels: u64,
+}
+
+/// The view handle and the buffer under it.
+pub(crate) struct RawView {
+    view: vk::BufferView,
+    _buffer: BufferRef,
     ctx: Arc<Context>,
+}
+
+impl Drop for RawView {
+    fn drop(&mut self) {
+        // SAFETY: nothing can reach the view any more (sets and recordings hold this
+        // value); the buffer is released after it.
+        unsafe { self.ctx.device().destroy_buffer_view(self.view, None) };
+    }
 }
 
 impl BufferView {
@@ -76,7 +91,7 @@ impl BufferView {
             });
         }
         let info = vk::BufferViewCreateInfo::default()
-            .buffer(binding.buffer)
+            .buffer(binding.buffer.raw())
             .format(format.vk())
             .offset(binding.offset)
             .range(texels * format.size());
@@ -85,9 +100,12 @@ impl BufferView {
         let view =
             unsafe { ctx.device().create_buffer_view(&info, None) }.call("vkCreateBufferView")?;
         Ok(BufferView {
-            view,
+            raw: Arc::new(RawView {
+                view,
+                _buffer: binding.buffer,
+                ctx: Arc::clone(ctx),
+            }),
             texels,
-            ctx: Arc::clone(ctx),
         })
     }
 
@@ -97,14 +115,11 @@ impl BufferView {
     }
 
     pub(crate) fn raw(&self) -> vk::BufferView {
-        self.view
+        self.raw.view
     }
-}
 
-impl Drop for BufferView {
-    fn drop(&mut self) {
-        // SAFETY: no GPU work uses the view any more (caller contract, as for buffers).
-        unsafe { self.ctx.device().destroy_buffer_view(self.view, None) };
+    pub(crate) fn keep(&self) -> Arc<RawView> {
+        Arc::clone(&self.raw)
     }
 }
 

@@ -40,11 +40,11 @@ fn gpu_checksum(ctx: &Arc<Context>, parts: &[(vk::BufferBinding, u32, u32, u32)]
     let out = Buffer::new(ctx, &BufferDesc::storage("sums", 8, MemLocation::GpuToCpu)).unwrap();
     let sets: Vec<_> = parts
         .iter()
-        .map(|(b, ..)| p.descriptor_set(&[*b, out.binding()]).unwrap())
+        .map(|(b, ..)| p.descriptor_set(&[b.clone(), out.binding()]).unwrap())
         .collect();
     let mut cmd = CommandBuffer::new(ctx).unwrap();
     cmd.begin().unwrap();
-    cmd.fill(out.raw(), 0, 8, 0);
+    cmd.fill(&out, 0, 8, 0);
     cmd.barrier();
     for ((_, off, n, base), set) in parts.iter().zip(&sets) {
         let push = ChecksumPush {
@@ -163,6 +163,22 @@ fn buffer_write_read_and_bounds() {
 }
 
 #[test]
+fn allocations_are_counted_as_they_are_made_and_freed() {
+    let Some(ctx) = ctx() else { return };
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (0, 0));
+    let a = Buffer::new(&ctx, &BufferDesc::storage("a", 64, MemLocation::GpuOnly)).unwrap();
+    let b = Buffer::new(&ctx, &BufferDesc::storage("b", 64, MemLocation::GpuToCpu)).unwrap();
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (2, 2));
+    drop(a);
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (1, 2));
+    // a refused buffer is not counted
+    assert!(Buffer::new(&ctx, &BufferDesc::storage("empty", 0, MemLocation::GpuOnly)).is_err());
+    drop(b);
+    assert_eq!((ctx.live_allocations(), ctx.total_allocations()), (0, 2));
+    assert_eq!(ctx.validation_errors(), 0);
+}
+
+#[test]
 fn checksum_kernel_matches_cpu_on_odd_lengths_and_parts() {
     let Some(ctx) = ctx() else { return };
     let data = random_bytes(1_000_003, 7);
@@ -216,9 +232,9 @@ fn staging_copy_and_fill_reach_device_buffers() {
     .unwrap();
     let mut cmd = CommandBuffer::new(&ctx).unwrap();
     cmd.begin().unwrap();
-    cmd.fill(dev.raw(), 0, dev.size(), 0xFFFF_FFFF);
+    cmd.fill(&dev, 0, dev.size(), 0xFFFF_FFFF);
     cmd.barrier();
-    cmd.copy_buffer(staging.raw(), dev.raw(), &[(0, 256, data.len() as u64)]);
+    cmd.copy_buffer(&staging, &dev, &[(0, 256, data.len() as u64)]);
     cmd.barrier();
     cmd.end().unwrap();
     ctx.submit_and_wait(&cmd).unwrap();
@@ -267,8 +283,9 @@ fn imported_host_memory_is_read_in_place() {
     let data = random_bytes(len, 3);
     host.slice_mut().copy_from_slice(&data);
     // SAFETY: `host` is aligned, `len` long, and outlives `imp` (dropped first below).
-    let imp = unsafe { ImportedBuffer::import(&ctx, host.ptr, len as u64) }.unwrap();
+    let imp = unsafe { ImportedBuffer::import(&ctx, host.ptr, len as u64, Arc::new(())) }.unwrap();
     assert_eq!(ctx.imported_bytes(), len as u64);
+    assert_eq!(ctx.live_allocations(), 1);
     assert_eq!(
         gpu_checksum(&ctx, &[(imp.binding(), 0, len as u32, 0)]),
         checksum::cpu(&data, 0)
@@ -283,15 +300,18 @@ fn imported_host_memory_is_read_in_place() {
     );
     drop(imp);
     assert_eq!(ctx.imported_bytes(), 0);
+    assert_eq!(ctx.live_allocations(), 0);
     // Misaligned pointer or length is refused before the driver sees it.
     // SAFETY: refused before any driver call (alignment check).
-    let err = unsafe { ImportedBuffer::import(&ctx, host.ptr.add(16), align as u64) }.unwrap_err();
+    let err = unsafe { ImportedBuffer::import(&ctx, host.ptr.add(16), align as u64, Arc::new(())) }
+        .unwrap_err();
     assert!(
         err.to_string().contains("minImportedHostPointerAlignment"),
         "{err}"
     );
     // SAFETY: as above.
-    let err = unsafe { ImportedBuffer::import(&ctx, host.ptr, align as u64 + 4) }.unwrap_err();
+    let err = unsafe { ImportedBuffer::import(&ctx, host.ptr, align as u64 + 4, Arc::new(())) }
+        .unwrap_err();
     assert!(err.to_string().contains("multiples"), "{err}");
     drop(host);
     assert_eq!(ctx.validation_errors(), 0);
@@ -389,4 +409,53 @@ fn handles_can_be_shared_across_threads() {
     fn send<T: Send>() {}
     send::<CommandBuffer>();
     send::<QueryPool>();
+}
+
+/// A descriptor set holds the buffers it binds, and a recording holds its pipeline, sets
+/// and copy/fill targets: dropping the owners' handles before the submission is safe,
+/// and the memory goes when the last holder does.
+#[test]
+fn sets_and_recordings_keep_what_they_bind_alive() {
+    let Some(ctx) = ctx() else { return };
+    let p = checksum_pipeline(&ctx);
+    let data = random_bytes(4096, 9);
+    let buf = Buffer::new(
+        &ctx,
+        &BufferDesc::storage("data", 4096, MemLocation::CpuToGpu),
+    )
+    .unwrap();
+    buf.write(0, &data).unwrap();
+    let out = Buffer::new(&ctx, &BufferDesc::storage("sums", 8, MemLocation::GpuToCpu)).unwrap();
+    let set = p.descriptor_set(&[buf.binding(), out.binding()]).unwrap();
+    drop(buf);
+    assert_eq!(ctx.live_allocations(), 2, "the set holds `data`");
+    let mut cmd = CommandBuffer::new(&ctx).unwrap();
+    cmd.begin().unwrap();
+    cmd.fill(&out, 0, 8, 0);
+    cmd.barrier();
+    let push = ChecksumPush {
+        byte_offset: 0,
+        n_bytes: 4096,
+        word_base: 0,
+        out_index: 0,
+    };
+    cmd.dispatch(
+        &p,
+        &set,
+        bytemuck::bytes_of(&push),
+        [checksum::groups_for(4096), 1, 1],
+    );
+    cmd.host_barrier();
+    cmd.end().unwrap();
+    drop(set);
+    drop(p);
+    ctx.submit_and_wait(&cmd).unwrap();
+    let mut sums = [0u32; 2];
+    out.read(0, &mut sums).unwrap();
+    assert_eq!(sums, checksum::cpu(&data, 0));
+    drop(cmd);
+    assert_eq!(ctx.live_allocations(), 1, "only `sums` is left");
+    drop(out);
+    assert_eq!(ctx.live_allocations(), 0);
+    assert_eq!(ctx.validation_errors(), 0);
 }

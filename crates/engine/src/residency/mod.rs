@@ -5,6 +5,8 @@
 #![deny(unsafe_code)]
 
 mod plan;
+pub mod sigbus;
+mod stamp;
 pub(crate) mod sys;
 mod weights;
 
@@ -17,6 +19,7 @@ use vk::{BufferBinding, Capabilities, DeviceType};
 use crate::EngineError;
 
 pub use plan::{plan_shards, Placement, PlanError, Shard, ShardPlan};
+pub use stamp::{FileChanged, FileStamp};
 pub use weights::Weights;
 
 /// How weights reach the GPU (`--weights`).
@@ -67,7 +70,8 @@ pub struct ResidencyOptions {
     pub mlock: bool,
 }
 
-/// Simulated driver refusals (`VKDECODE_FAULT=import-file,import-anon`), for tests.
+/// Simulated driver refusals (`VKDECODE_FAULT=import-file,import-anon`), for tests
+/// (`fence-timeout` in the same list is `vk::Context`'s).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refuse imports of file-backed pages.
@@ -84,9 +88,11 @@ impl Faults {
             match item {
                 "import-file" => f.import_file = true,
                 "import-anon" => f.import_anon = true,
+                // Read by `vk::Context` itself.
+                "fence-timeout" => {}
                 other => {
                     return Err(EngineError::Unsupported(format!(
-                        "VKDECODE_FAULT entry `{other}` (expected import-file, import-anon)"
+                        "VKDECODE_FAULT entry `{other}` (expected import-file, import-anon, fence-timeout)"
                     )))
                 }
             }
@@ -229,7 +235,7 @@ pub struct ResidencyReport {
 
 /// One bindable piece: a whole tensor, or a row range of one larger than the cap or
 /// `maxStorageBufferRange`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewPart {
     /// Buffer range to bind (offset aligned to `minStorageBufferOffsetAlignment`).
     pub binding: BufferBinding,

@@ -9,11 +9,14 @@ use std::time::Instant;
 use gguf::GgufFile;
 use vk::checksum::{self, ChecksumPush};
 use vk::{
-    Buffer, BufferBinding, BufferDesc, CommandBuffer, Context, Kernel, MemLocation, Pipeline,
-    PipelineDesc,
+    Buffer, BufferBinding, BufferDesc, BufferRef, CommandBuffer, Context, ImportedBuffer, Kernel,
+    MemLocation, Pipeline, PipelineDesc,
 };
 
-use super::sys::{self, AnonImport, AnonMap, FileImport, Mlock};
+use memmap2::MmapMut;
+
+use super::stamp::{FileChanged, FileStamp};
+use super::sys;
 use super::{
     auto_decision, plan_for, Faults, ResidencyOptions, ResidencyReport, ShardPlan, ShardReport,
     TensorView, ViewPart, WeightsMode,
@@ -27,19 +30,36 @@ const PROGRESS_MIN: u64 = 256 << 20;
 /// Below this share of the file in the page cache, load warns.
 const LOW_RESIDENCY: f64 = 0.5;
 
-/// What holds one shard's bytes on the GPU.
+/// What holds one shard's bytes on the GPU (an import holds the memory it reads).
 enum Backing {
-    File(FileImport),
-    Anon(AnonImport),
+    File(ImportedBuffer),
+    Anon(ImportedBuffer),
     Copy(Buffer),
 }
 
 impl Backing {
-    fn raw(&self) -> vk::ash::vk::Buffer {
+    fn buffer_ref(&self) -> BufferRef {
         match self {
-            Backing::File(f) => f.buffer.raw(),
-            Backing::Anon(a) => a.buffer.raw(),
-            Backing::Copy(b) => b.raw(),
+            Backing::File(b) | Backing::Anon(b) => b.buffer_ref(),
+            Backing::Copy(b) => b.buffer_ref(),
+        }
+    }
+}
+
+/// The mapped file pinned in memory (`--mlock`) until dropped; memmap2's lock/unlock.
+struct Mlock(Arc<GgufFile>);
+
+impl Mlock {
+    fn new(file: &Arc<GgufFile>) -> std::io::Result<Mlock> {
+        file.mmap().lock()?;
+        Ok(Mlock(Arc::clone(file)))
+    }
+}
+
+impl Drop for Mlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.mmap().unlock() {
+            tracing::warn!("munlock of the model file: {e}");
         }
     }
 }
@@ -58,6 +78,8 @@ pub struct Weights {
     _mlock: Option<Mlock>,
     ctx: Arc<Context>,
     file: Arc<GgufFile>,
+    /// The mapped file's size and modification time at load (`None`: not watched).
+    stamp: Option<FileStamp>,
 }
 
 impl Weights {
@@ -83,6 +105,24 @@ impl Weights {
         let _enter = span.enter();
         let t0 = Instant::now();
         let caps = ctx.caps();
+        // The file as it is now, to notice a rewrite later. Not watched when the path is
+        // gone (removed after mapping: the mapping stays valid) or names a file of
+        // another size (most likely replaced by rename since it was mapped).
+        let stamp = match FileStamp::take(file.path()) {
+            Ok(st) if st.len() == model_bytes => Some(st),
+            Ok(st) => {
+                tracing::debug!(
+                    now = st.len(),
+                    mapped = model_bytes,
+                    "model path names another file: not watched"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::debug!("model path not openable ({e}): not watched");
+                None
+            }
+        };
 
         let file_resident_bytes = crate::memstats::file_resident_bytes(file.bytes());
         let share = if model_bytes == 0 {
@@ -117,7 +157,7 @@ impl Weights {
 
         let plan = plan_for(caps, &file, opts.import_cap)?;
         let mlock = if opts.mlock {
-            Some(Mlock::new(file.bytes()).map_err(|source| EngineError::Os {
+            Some(Mlock::new(&file).map_err(|source| EngineError::Os {
                 what: format!("--mlock of {model_bytes} bytes (raise `ulimit -l`?)"),
                 source,
             })?)
@@ -214,7 +254,7 @@ impl Weights {
                 .iter()
                 .map(|p| ViewPart {
                     binding: BufferBinding {
-                        buffer: shards[p.shard].raw(),
+                        buffer: shards[p.shard].buffer_ref(),
                         offset: p.bind_offset,
                         range: p.range,
                     },
@@ -266,8 +306,7 @@ impl Weights {
         let imported_bytes = shards
             .iter()
             .map(|b| match b {
-                Backing::File(f) => f.buffer.size(),
-                Backing::Anon(a) => a.buffer.size(),
+                Backing::File(b) | Backing::Anon(b) => b.size(),
                 Backing::Copy(_) => 0,
             })
             .sum();
@@ -275,7 +314,7 @@ impl Weights {
             .iter()
             .map(|b| {
                 if let Backing::Anon(a) = b {
-                    a.anon_bytes()
+                    a.size()
                 } else {
                     0
                 }
@@ -311,7 +350,20 @@ impl Weights {
             _mlock: mlock,
             ctx: Arc::clone(ctx),
             file,
+            stamp,
         })
+    }
+
+    /// Whether the mapped model file was rewritten in place (size or modification time
+    /// changed) since load: one `fstat`, cheap enough to call between tokens. A file
+    /// replaced by rename is not a change (the mapping keeps the old pages). A file that
+    /// shrank is caught here if no page was read since; a read of a lost page raises
+    /// SIGBUS instead (see [`super::sigbus`]).
+    ///
+    /// Not watched (always `Ok`) when, at load, the path no longer named a file of the
+    /// mapped size.
+    pub fn check_file(&self) -> Result<(), FileChanged> {
+        self.stamp.as_ref().map_or(Ok(()), FileStamp::check)
     }
 
     /// The view of tensor `name`.
@@ -361,7 +413,7 @@ impl Weights {
         let mut jobs = Vec::new();
         for (t, v) in self.views.iter().enumerate() {
             for part in &v.parts {
-                sets.push(p.descriptor_set(&[part.binding, out.binding()])?);
+                sets.push(p.descriptor_set(&[part.binding.clone(), out.binding()])?);
                 let push = ChecksumPush {
                     byte_offset: part.byte_offset as u32,
                     n_bytes: (part.n_rows * v.row_bytes) as u32,
@@ -373,7 +425,7 @@ impl Weights {
         }
         let mut cmd = CommandBuffer::new(ctx)?;
         cmd.begin()?;
-        cmd.fill(out.raw(), 0, out.size(), 0);
+        cmd.fill(&out, 0, out.size(), 0);
         cmd.barrier();
         for (push, set) in jobs.iter().zip(&sets) {
             let groups = checksum::groups_for(u64::from(push.n_bytes));
@@ -405,17 +457,23 @@ fn import_anon_shard(
     len: u64,
     align: u64,
     faults: Faults,
-) -> Result<AnonImport, String> {
+) -> Result<ImportedBuffer, String> {
     if faults.import_anon {
         return Err("VKDECODE_FAULT=import-anon (simulated driver refusal)".into());
     }
-    let mut map = AnonMap::new(len as usize, align as usize)
-        .map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    let (len, align) = (len as usize, align as usize);
+    // memmap2 maps whole pages; for a larger import alignment, map more and start inside.
+    let page = sys::page_size() as usize;
+    let extra = if align > page { align } else { 0 };
+    let mut map =
+        MmapMut::map_anon(len + extra).map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    let base = map.as_ptr() as usize;
+    let offset = base.next_multiple_of(align.max(1)) - base;
     let bytes = file.bytes();
-    let end = (start + len).min(bytes.len() as u64) as usize;
+    let end = (start + len as u64).min(bytes.len() as u64) as usize;
     let src = &bytes[start as usize..end];
-    map.as_mut_slice()[..src.len()].copy_from_slice(src);
-    sys::import_anon(ctx, map).map_err(|e| e.to_string())
+    map[offset..offset + src.len()].copy_from_slice(src);
+    sys::import_anon(ctx, map, offset, len).map_err(|e| e.to_string())
 }
 
 /// Copies the listed shards into device-local buffers through one bounded staging buffer.
@@ -454,7 +512,7 @@ fn copy_shards(
                 staging.write((b - a) as u64, &vec![0u8; tail as usize])?;
             }
             cmd.begin()?;
-            cmd.copy_buffer(staging.raw(), buf.raw(), &[(0, off, n)]);
+            cmd.copy_buffer(&staging, &buf, &[(0, off, n)]);
             cmd.barrier();
             cmd.end()?;
             ctx.submit_and_wait(&cmd)?;
