@@ -5,9 +5,9 @@
 
 use vk::{CommandBuffer, QueryPool};
 
+use crate::activations::Activations;
 use crate::kernels::{self, AttentionPush, MatmulPush};
 use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
-use crate::session::Activations;
 use crate::EngineError;
 use arch::Config;
 
@@ -71,6 +71,9 @@ impl Recorder<'_> {
         let mut push = e.push;
         push.n_tok = self.n_tok;
         let chunks = self.cfg.dim.div_ceil(kernels::CHUNK) as u32;
+        let need = u64::from(self.n_tok) * self.cfg.dim as u64 * 4;
+        check_fits("embed", "x", need, self.acts.x.size())?;
+        check_fits("embed", "xg", need, self.acts.xg.size())?;
         self.cmd.dispatch(
             p,
             &e.set,
@@ -98,6 +101,8 @@ impl Recorder<'_> {
             .kernels
             .attention_ref(push.head_dim)
             .ok_or_else(|| missing("attention"))?;
+        let need = u64::from(self.n_tok) * u64::from(push.n_heads * push.head_dim) * 4;
+        check_fits("attention", "att_out", need, self.acts.att_out.size())?;
         self.cmd.dispatch(
             attention,
             &layer.attention,
@@ -148,12 +153,17 @@ impl Recorder<'_> {
     /// they write disjoint rows, so no barrier between them).
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
         for call in calls {
-            let key = matmul_key(call, self.batch, self.model.neox, self.model.head_dim);
+            let key = matmul_key(
+                &call.variant,
+                self.batch,
+                self.model.neox,
+                self.model.head_dim,
+            );
             let p = self
                 .kernels
                 .matmul_ref(&key)
                 .ok_or_else(|| missing(&call.name))?;
-            let (n_tok, x_tok0) = if call.last_token_only {
+            let (n_tok, x_tok0) = if call.variant.last_token_only {
                 (1, self.n_tok - 1)
             } else {
                 (self.n_tok, 0)
@@ -169,9 +179,20 @@ impl Recorder<'_> {
                 eps: self.cfg.rms_eps,
                 aux_ofs: call.aux_ofs,
                 write_xg: u32::from(call.write_xg),
+                rope_neox: u32::from(key.neox),
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);
+            let need = kernels::matmul_write_bytes(
+                call.variant.out_mode,
+                call.write_xg,
+                &call.slots,
+                &push,
+                self.ctx_len,
+            );
+            for (i, (&need, &have)) in need.iter().zip(&call.out_bytes).enumerate() {
+                check_fits(&call.name, &format!("out{i}"), need, have)?;
+            }
             self.cmd
                 .dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
             if let Some((pool, names)) = self.profile.as_mut() {
@@ -199,6 +220,19 @@ impl Recorder<'_> {
         }
         self.cmd.barrier();
     }
+}
+
+/// A dispatch that would write `need` bytes of a binding holding `have` is refused.
+fn check_fits(dispatch: &str, binding: &str, need: u64, have: u64) -> Result<(), EngineError> {
+    if need > have {
+        return Err(EngineError::DispatchOutOfBounds {
+            dispatch: dispatch.to_string(),
+            binding: binding.to_string(),
+            need,
+            have,
+        });
+    }
+    Ok(())
 }
 
 fn missing(what: &str) -> EngineError {

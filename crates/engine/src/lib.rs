@@ -15,6 +15,7 @@ pub use residency::{
     TensorView, ViewPart, Weights, WeightsMode,
 };
 
+pub mod activations;
 pub mod forward;
 pub mod kernels;
 pub mod model;

@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet, TexelFormat};
 
+use crate::activations::Activations;
 use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
 use crate::residency::{TensorView, ViewPart, Weights};
-use crate::session::Activations;
 use crate::EngineError;
 
 /// A texel view spanning several weight parts, and each part's byte offset inside it.
@@ -31,8 +31,6 @@ pub struct MatmulShape {
     pub wg: u32,
     pub pairs: u32,
     pub tb: u32,
-    /// Row pairs in lockstep (see [`MatmulKey::group`]).
-    pub group: u32,
 }
 
 /// One token at a time (decode) vs a batch of prompt tokens (prefill).
@@ -45,12 +43,11 @@ pub enum Batch {
 /// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
 /// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
 /// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs; four pairs measured no
-/// faster and doubled the pipelines' compile time).
+/// faster and doubled the pipelines' compile time: `GROUP` in matmul.comp).
 pub const DECODE_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 8,
     tb: 1,
-    group: 2,
 };
 /// Prefill: each weight chunk loaded is used for 4 tokens (two pairs in lockstep: about
 /// 60 against 50 tok/s over a 200-token prompt).
@@ -58,30 +55,37 @@ pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 4,
     tb: 4,
-    group: 2,
 };
 
-/// One `matmul.comp` dispatch (per batch kind the pipeline differs only in shape).
+/// What selects a matmul dispatch's pipeline, apart from the batch kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulVariant {
+    pub wtype: GgmlType,
+    pub in_mode: InMode,
+    pub out_mode: OutMode,
+    /// Reads only the last token of the batch (the logits).
+    pub last_token_only: bool,
+    /// `MatmulKey::split_k` of the one-token pipeline (0: lanes own rows).
+    pub split_k: u32,
+}
+
+/// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
+/// it reads lies in binding 0 at its own word offset (one texel view spanning q, k and v,
+/// or a dispatch per view), except gate/up (bindings 0 and 1).
 pub struct MatmulCall {
     pub name: String,
     pub set: DescriptorSet,
     pub slots: Vec<Slot>,
-    pub wtype: GgmlType,
-    pub in_mode: InMode,
-    pub out_mode: OutMode,
-    pub n_views: u32,
-    /// All views read through binding 0 (see [`MatmulKey::shared_w`]).
-    pub shared_w: bool,
+    pub variant: MatmulVariant,
     pub ncols: u32,
     pub x_ld: u32,
     pub out_ld: u32,
     pub aux_ofs: u32,
     /// OUT_ADD: also write x∘aux (the next rmsnorm's input) into out1.
     pub write_xg: bool,
-    /// Reads only the last token of the batch (the logits).
-    pub last_token_only: bool,
-    /// `MatmulKey::split_chunks` of the one-token pipeline (0: lanes own rows).
-    pub split_chunks: u32,
+    /// Bytes bound at out0, out1, out2 (checked against what a dispatch writes when it
+    /// is recorded: [`kernels::matmul_write_bytes`]).
+    pub out_bytes: [u64; 3],
 }
 
 /// The dispatches of one decoder layer.
@@ -262,57 +266,29 @@ impl Views {
     }
 }
 
-/// The matmul pipeline key of `call` for a batch kind.
-pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
-    key_of(
-        call.wtype,
-        call.in_mode,
-        call.out_mode,
-        call.n_views,
-        call.shared_w,
-        call.last_token_only,
-        call.split_chunks,
-        batch,
-        neox,
-        head_dim,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn key_of(
-    wtype: GgmlType,
-    in_mode: InMode,
-    out_mode: OutMode,
-    n_views: u32,
-    shared_w: bool,
-    last_token_only: bool,
-    split_chunks: u32,
-    batch: Batch,
-    neox: bool,
-    head_dim: u32,
-) -> MatmulKey {
+/// The matmul pipeline key of a dispatch of variant `v` for a batch kind.
+pub fn matmul_key(v: &MatmulVariant, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
+    let call = v;
     let shape = match batch {
-        Batch::Prefill if !last_token_only => PREFILL_SHAPE,
+        Batch::Prefill if !call.last_token_only => PREFILL_SHAPE,
         _ => DECODE_SHAPE,
     };
-    let mut pairs = shape.pairs;
-    let qkv_neox = out_mode == OutMode::Qkv && neox;
-    if qkv_neox {
+    let qkv_neox = call.out_mode == OutMode::Qkv && neox;
+    let pairs = if qkv_neox {
         // a workgroup must hold whole heads so that both rows of a pair are its own
-        pairs = (head_dim / (2 * shape.wg)).max(1);
-    }
+        (head_dim / (2 * shape.wg)).max(1)
+    } else {
+        shape.pairs
+    };
     MatmulKey {
-        wtype,
-        in_mode,
-        out_mode,
+        wtype: call.wtype,
+        in_mode: call.in_mode,
+        out_mode: call.out_mode,
         neox: qkv_neox,
-        n_views,
-        shared_w,
         wg: shape.wg,
         pairs,
         tb: shape.tb,
-        group: shape.group.min(pairs),
-        split_chunks: if shape.tb == 1 { split_chunks } else { 0 },
+        split_k: if shape.tb == 1 { call.split_k } else { 0 },
     }
 }
 
@@ -401,7 +377,6 @@ struct MatmulSpec<'a> {
     views: Vec<&'a TensorView>,
     in_mode: InMode,
     out_mode: OutMode,
-    n_views: u32,
     /// The dot input (xg for IN_RMSNORM).
     x: Arc<BufferView>,
     /// The raw residual the rms is taken of (IN_RMSNORM).
@@ -453,6 +428,12 @@ impl GpuModel {
                 "neox rope with head_dim {hd} (a multiple of 16 is needed)"
             )));
         }
+        if cfg.vocab_size as u64 >= u64::from(kernels::ARGMAX_NON_FINITE) {
+            return Err(EngineError::Unsupported(format!(
+                "a vocabulary of {} tokens (the GPU argmax carries up to 2^31 - 1)",
+                cfg.vocab_size
+            )));
+        }
         let (dim, hidden, q_dim, kv_dim) =
             (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
         let dummy = acts.dummy.binding();
@@ -487,7 +468,6 @@ impl GpuModel {
                 views: vec![q, k, v],
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Qkv,
-                n_views: 3,
                 x: Arc::clone(&views.xg),
                 xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
@@ -509,7 +489,6 @@ impl GpuModel {
                 views: vec![o],
                 in_mode: InMode::Plain,
                 out_mode: OutMode::Add,
-                n_views: 1,
                 x: Arc::clone(&views.att_out),
                 xr: None,
                 x_ld: q_dim,
@@ -523,7 +502,6 @@ impl GpuModel {
                 views: vec![gate, up],
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Glu,
-                n_views: 2,
                 x: Arc::clone(&views.xg),
                 xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
@@ -537,7 +515,6 @@ impl GpuModel {
                 views: vec![down],
                 in_mode: InMode::Plain,
                 out_mode: OutMode::Add,
-                n_views: 1,
                 x: Arc::clone(&views.hb),
                 xr: None,
                 x_ld: hidden,
@@ -569,7 +546,6 @@ impl GpuModel {
                 views: vec![out_view],
                 in_mode: InMode::RmsNorm,
                 out_mode: OutMode::Store,
-                n_views: 1,
                 x: Arc::clone(&views.xg),
                 xr: Some(Arc::clone(&views.x)),
                 x_ld: dim,
@@ -651,8 +627,9 @@ fn embed_call(
     })
 }
 
-/// Splits a fused matmul into dispatches: one when every view has the same type and is
-/// a single part, else one per (view, part) (the gate/up pair needs matching parts).
+/// Splits a fused matmul into dispatches: one when every view has the same type, is a
+/// single part and one texel view spans them all (q/k/v read through binding 0), else one
+/// per (view, part) (gate/up: one per pair of matching parts, in bindings 0 and 1).
 fn matmul_calls(
     spec: MatmulSpec<'_>,
     dummy: BufferBinding,
@@ -663,20 +640,11 @@ fn matmul_calls(
     head_dim: u32,
 ) -> Result<Vec<MatmulCall>, EngineError> {
     let ncols = spec.views[0].shape[0];
-    let split_chunks = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
-    let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
-    let whole = spec.views.iter().all(|v| v.parts.len() == 1);
-    // groups of (slot, view, part index) sharing one dispatch
-    let mut groups: Vec<Vec<(usize, &TensorView, usize)>> = Vec::new();
-    if same_type && whole {
-        groups.push(
-            spec.views
-                .iter()
-                .enumerate()
-                .map(|(s, v)| (s, *v, 0))
-                .collect(),
-        );
-    } else if spec.out_mode == OutMode::Glu {
+    let split_k = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
+    // (slot, weight view in binding 0 or 1, word offset, part) per dispatch
+    type Member<'p> = (usize, Arc<BufferView>, u64, &'p ViewPart);
+    let mut groups: Vec<Vec<Member<'_>>> = Vec::new();
+    if spec.out_mode == OutMode::Glu {
         let (g, u) = (spec.views[0], spec.views[1]);
         let aligned = g.ty == u.ty
             && g.parts.len() == u.parts.len()
@@ -694,47 +662,75 @@ fn matmul_calls(
                 u.parts.len()
             )));
         }
-        for i in 0..g.parts.len() {
-            groups.push(vec![(0, g, i), (1, u, i)]);
+        for (pg, pu) in g.parts.iter().zip(&u.parts) {
+            groups.push(vec![
+                (
+                    0,
+                    views.weights(g.ty, pg, g.row_bytes)?,
+                    pg.byte_offset / 4,
+                    pg,
+                ),
+                (
+                    1,
+                    views.weights(u.ty, pu, u.row_bytes)?,
+                    pu.byte_offset / 4,
+                    pu,
+                ),
+            ]);
         }
     } else {
-        for (s, v) in spec.views.iter().enumerate() {
-            for i in 0..v.parts.len() {
-                groups.push(vec![(s, *v, i)]);
-            }
-        }
-    }
-    let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
-    let mut calls = Vec::with_capacity(groups.len());
-    for (gi, group) in groups.iter().enumerate() {
-        let mut w = [
-            Arc::clone(&views.dummy_w),
-            Arc::clone(&views.dummy_w),
-            Arc::clone(&views.dummy_w),
-        ];
-        let mut slots = Vec::new();
-        // q, k and v through one binding when one texel view can span all three
-        let shared = if group.len() > 1 && spec.out_mode != OutMode::Glu {
-            let parts: Vec<(&ViewPart, u64)> = group
+        let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
+        let whole = spec.views.iter().all(|v| v.parts.len() == 1);
+        let spanning = if spec.views.len() > 1 && same_type && whole {
+            let parts: Vec<(&ViewPart, u64)> = spec
+                .views
                 .iter()
-                .map(|&(_, v, i)| (&v.parts[i], v.row_bytes))
+                .map(|v| (&v.parts[0], v.row_bytes))
                 .collect();
-            views.spanning(group[0].1.ty, &parts)?
+            views.spanning(spec.views[0].ty, &parts)?
         } else {
             None
         };
-        for (k, &(s, v, i)) in group.iter().enumerate() {
-            let p = &v.parts[i];
-            let wofs = match &shared {
-                Some((view, ofs)) => {
-                    w[0] = Arc::clone(view);
-                    ofs[k] / 4
+        if let Some((view, ofs)) = spanning {
+            groups.push(
+                spec.views
+                    .iter()
+                    .enumerate()
+                    .map(|(s, v)| (s, Arc::clone(&view), ofs[s] / 4, &v.parts[0]))
+                    .collect(),
+            );
+        } else {
+            for (s, v) in spec.views.iter().enumerate() {
+                for p in &v.parts {
+                    let w = views.weights(v.ty, p, v.row_bytes)?;
+                    groups.push(vec![(s, w, p.byte_offset / 4, p)]);
                 }
-                None => {
-                    w[s] = views.weights(v.ty, p, v.row_bytes)?;
-                    p.byte_offset / 4
-                }
-            };
+            }
+        }
+    }
+    let types: Vec<GgmlType> = if spec.out_mode == OutMode::Glu {
+        spec.views[0]
+            .parts
+            .iter()
+            .map(|_| spec.views[0].ty)
+            .collect()
+    } else if groups.len() == 1 {
+        vec![spec.views[0].ty]
+    } else {
+        spec.views
+            .iter()
+            .flat_map(|v| v.parts.iter().map(|_| v.ty))
+            .collect()
+    };
+    let (aux, aux_ofs) = spec.aux.unwrap_or((dummy, 0));
+    let n_groups = groups.len();
+    let mut calls = Vec::with_capacity(n_groups);
+    for (gi, (group, wtype)) in groups.into_iter().zip(types).enumerate() {
+        let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
+        let mut slots = Vec::new();
+        for (k, (s, view, wofs, p)) in group.into_iter().enumerate() {
+            // gate/up in bindings 0 and 1; every other view through binding 0
+            w[if spec.out_mode == OutMode::Glu { k } else { 0 }] = view;
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,
@@ -742,12 +738,10 @@ fn matmul_calls(
                 orow: to_u32(p.first_row, "first row")?,
             });
         }
-        let shared_w = shared.is_some();
         let o = |i: usize| spec.outs[i].unwrap_or(dummy);
         let bindings = [
             Descriptor::Texel(&w[0]),
             Descriptor::Texel(&w[1]),
-            Descriptor::Texel(&w[2]),
             Descriptor::Texel(&spec.x),
             Descriptor::Buffer(aux),
             Descriptor::Buffer(o(0)),
@@ -756,47 +750,34 @@ fn matmul_calls(
             Descriptor::Buffer(acts.step.binding()),
             Descriptor::Texel(spec.xr.as_ref().unwrap_or(&spec.x)),
         ];
-        let call = MatmulCall {
-            name: if groups.len() == 1 {
+        let variant = MatmulVariant {
+            wtype,
+            in_mode: spec.in_mode,
+            out_mode: spec.out_mode,
+            last_token_only: spec.last_token_only,
+            split_k,
+        };
+        // the prefill pipeline has an identical set layout, so it accepts this set too
+        let set = kernels
+            .matmul(matmul_key(&variant, Batch::Decode, neox, head_dim))?
+            .descriptor_set_with(&bindings)?;
+        kernels.matmul(matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
+        calls.push(MatmulCall {
+            name: if n_groups == 1 {
                 spec.name.clone()
             } else {
                 format!("{}#{gi}", spec.name)
             },
-            set: {
-                let ty = group[0].1.ty;
-                let key = key_of(
-                    ty,
-                    spec.in_mode,
-                    spec.out_mode,
-                    spec.n_views,
-                    shared_w,
-                    spec.last_token_only,
-                    split_chunks,
-                    Batch::Decode,
-                    neox,
-                    head_dim,
-                );
-                // the prefill pipeline has an identical set layout, so it accepts this set too
-                kernels.matmul(key)?.descriptor_set_with(&bindings)?
-            },
+            set,
             slots,
-            wtype: group[0].1.ty,
-            in_mode: spec.in_mode,
-            out_mode: spec.out_mode,
-            n_views: spec.n_views,
-            shared_w,
+            variant,
             ncols: to_u32(ncols, "columns")?,
             x_ld: to_u32(spec.x_ld as u64, "x stride")?,
             out_ld: to_u32(spec.out_ld as u64, "out stride")?,
             aux_ofs,
             write_xg: spec.aux.is_some() && spec.out_mode == OutMode::Add,
-            last_token_only: spec.last_token_only,
-            split_chunks,
-        };
-        for batch in [Batch::Decode, Batch::Prefill] {
-            kernels.matmul(matmul_key(&call, batch, neox, head_dim))?;
-        }
-        calls.push(call);
+            out_bytes: [o(0).range, o(1).range, o(2).range],
+        });
     }
     Ok(calls)
 }

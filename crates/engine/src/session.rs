@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use arch::Config;
 use tracing::{debug_span, info_span};
-use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation, QueryPool};
+use vk::{CommandBuffer, QueryPool};
 
+use crate::activations::Activations;
 use crate::forward::{Head, Recorder};
-use crate::kernels::{self, Kernels, StepHeader};
+use crate::kernels::{self, Kernels, StepHeader, ARGMAX_NON_FINITE};
 use crate::model::{Batch, GpuModel};
 use crate::residency::{ResidencyOptions, Weights};
 use crate::EngineError;
@@ -84,95 +85,6 @@ impl KernelTime {
         self.bytes
             .filter(|_| self.ns > 0)
             .map(|b| b as f64 / self.ns as f64)
-    }
-}
-
-/// Activation buffers and the KV cache (llama2.c's `RunState`), all f32, allocated once.
-/// `B` is the batch capacity ([`PREFILL_CHUNK`]), `C` the context length.
-pub struct Activations {
-    /// [B][dim] the residual stream
-    pub x: Buffer,
-    /// [B][dim] x ∘ g for the next rmsnorm weight g (written with x; see matmul.comp)
-    pub xg: Buffer,
-    /// [B][n_heads·head_dim] queries after rope
-    pub q: Buffer,
-    /// [B][n_heads·head_dim] attention output (input of attn_output)
-    pub att_out: Buffer,
-    /// [B][hidden_dim] silu(gate)·up (input of ffn_down)
-    pub hb: Buffer,
-    /// per layer: [C][kv_dim] keys after rope
-    pub key_cache: Vec<Buffer>,
-    /// per layer: [C][kv_dim] values
-    pub value_cache: Vec<Buffer>,
-    /// [vocab] logits of the last token (host-readable)
-    pub logits: Buffer,
-    /// [4] u32: argmax of the logits (host-readable)
-    pub result: Buffer,
-    /// StepHeader, [128] f32 rope frequencies, [B] u32 token ids (host-written)
-    pub step: Buffer,
-    /// [n_layers][B][dim] the residual after every layer, for observers (host-readable)
-    pub layer_dump: Buffer,
-    /// 16 bytes bound to kernel slots a dispatch does not use
-    pub dummy: Buffer,
-    /// Batch capacity B.
-    pub max_batch: usize,
-}
-
-impl Activations {
-    fn new(
-        ctx: &Arc<vk::Context>,
-        cfg: &Config,
-        ctx_len: usize,
-        max_batch: usize,
-    ) -> Result<Activations, EngineError> {
-        let f = 4u64;
-        let b = max_batch as u64;
-        let buf = |name: &str, bytes: u64, loc: MemLocation| {
-            Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc))
-        };
-        let q_dim = (cfg.n_heads * cfg.head_dim) as u64;
-        let kv_bytes = ctx_len as u64 * cfg.kv_dim() as u64 * f;
-        let mut key_cache = Vec::with_capacity(cfg.n_layers);
-        let mut value_cache = Vec::with_capacity(cfg.n_layers);
-        for l in 0..cfg.n_layers {
-            key_cache.push(buf(
-                &format!("key_cache.{l}"),
-                kv_bytes,
-                MemLocation::GpuOnly,
-            )?);
-            value_cache.push(buf(
-                &format!("value_cache.{l}"),
-                kv_bytes,
-                MemLocation::GpuOnly,
-            )?);
-        }
-        Ok(Activations {
-            x: buf("x", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
-            xg: buf("xg", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
-            q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
-            att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
-            hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
-            key_cache,
-            value_cache,
-            logits: buf("logits", cfg.vocab_size as u64 * f, MemLocation::GpuToCpu)?,
-            result: buf("result", 16, MemLocation::GpuToCpu)?,
-            step: buf(
-                "step",
-                kernels::STEP_TOKENS_OFFSET + b * 4,
-                MemLocation::CpuToGpu,
-            )?,
-            layer_dump: buf(
-                "layer_dump",
-                cfg.n_layers as u64 * b * cfg.dim as u64 * f,
-                MemLocation::GpuToCpu,
-            )?,
-            dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
-            max_batch,
-        })
-    }
-
-    fn count(&self) -> u64 {
-        12 + 2 * self.key_cache.len() as u64
     }
 }
 
@@ -265,8 +177,13 @@ impl Session {
         session.counters.allocations = session.acts.count();
         session.record_decode(opts.sync_each_layer)?;
         // warm every pipeline: a one-token prefill and one decode step
+        // (its token is thrown away: a model whose logits are not finite loads, and says
+        // so on the first token it is asked for)
         session.prefill(&[0])?;
-        session.decode_argmax(0)?;
+        match session.decode_argmax(0) {
+            Ok(_) | Err(EngineError::NonFiniteLogits { .. }) => {}
+            Err(e) => return Err(e),
+        }
         session.reset();
         session.counters = Counters {
             allocations: session.counters.allocations,
@@ -510,10 +427,17 @@ impl Session {
         Ok(())
     }
 
+    /// The argmax of the last logits, or [`EngineError::NonFiniteLogits`] when the row
+    /// held a NaN or an infinity (`argmax.comp` sets [`ARGMAX_NON_FINITE`]).
     fn read_argmax(&mut self) -> Result<u32, EngineError> {
         let mut r = [0u32; 1];
         self.acts.result.read(0, &mut r)?;
         self.counters.bytes_read_back += 4;
+        if r[0] & ARGMAX_NON_FINITE != 0 {
+            return Err(EngineError::NonFiniteLogits {
+                pos: self.pos.saturating_sub(1),
+            });
+        }
         Ok(r[0])
     }
 
@@ -545,7 +469,7 @@ fn dispatch_weight_bytes(model: &GpuModel, names: &[String]) -> Vec<Option<u64>>
         .flatten();
     for call in calls {
         let rows: u64 = call.slots.iter().map(|s| u64::from(s.nrows)).sum();
-        if let Some(row) = call.wtype.row_bytes(u64::from(call.ncols)) {
+        if let Some(row) = call.variant.wtype.row_bytes(u64::from(call.ncols)) {
             bytes.insert(call.name.as_str(), rows * row);
         }
     }

@@ -82,11 +82,11 @@ fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// The ten descriptors of matmul.comp.
+/// The nine descriptors of the matmul kernels.
 #[allow(clippy::too_many_arguments)]
 fn matmul_set(
     p: &Pipeline,
-    w: [&BufferView; 3],
+    w: [&BufferView; 2],
     x: &BufferView,
     aux: &Buffer,
     outs: [&Buffer; 3],
@@ -96,7 +96,6 @@ fn matmul_set(
     p.descriptor_set_with(&[
         Descriptor::Texel(w[0]),
         Descriptor::Texel(w[1]),
-        Descriptor::Texel(w[2]),
         Descriptor::Texel(x),
         Descriptor::Buffer(aux.binding()),
         Descriptor::Buffer(outs[0].binding()),
@@ -119,27 +118,16 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f3
     }
 }
 
-fn key(
-    ty: GgmlType,
-    in_mode: InMode,
-    out_mode: OutMode,
-    neox: bool,
-    n_views: u32,
-    tb: u32,
-) -> MatmulKey {
+fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
     MatmulKey {
         wtype: ty,
         in_mode,
         out_mode,
         neox,
-        n_views,
-        shared_w: false,
         wg: 8,
         pairs: 4,
         tb,
-        // as the engine's shapes: decode shares input fetches between two row pairs
-        group: if tb == 1 { 2 } else { 1 },
-        split_chunks: 0,
+        split_k: 0,
     }
 }
 
@@ -147,12 +135,11 @@ fn key(
 /// column-split twin (the decode path's kernel; `k`, one row per lane, is the fallback).
 fn variants(ks: &Kernels, k: MatmulKey, cols: usize) -> Vec<MatmulKey> {
     let mut v = vec![k];
-    let split_chunks = ks.column_split(k.wg, cols as u32);
-    if split_chunks > 0 {
+    let split_k = ks.column_split(k.wg, cols as u32);
+    if split_k > 0 {
         v.push(MatmulKey {
             tb: 1,
-            group: 1,
-            split_chunks,
+            split_k,
             ..k
         });
     }
@@ -172,8 +159,12 @@ fn column_split_is_chosen_where_the_device_allows() {
         assert_eq!(ks.column_split(8, 576), 0);
         return;
     }
-    assert_eq!(ks.column_split(8, 576), 9);
-    assert_eq!(ks.column_split(8, 1536), 24);
+    assert_eq!(
+        ks.column_split(8, 576),
+        1,
+        "9 chunks: one round of 8 lanes, 1 left"
+    );
+    assert_eq!(ks.column_split(8, 1536), 3, "24 chunks: three rounds");
     assert_eq!(
         ks.column_split(8, 192),
         0,
@@ -188,8 +179,8 @@ fn column_split_is_chosen_where_the_device_allows() {
     assert_eq!(ks.column_split(8, 576), 0, "turned off");
     // a split key the device cannot run is an error, not a wrong result
     let bad = MatmulKey {
-        split_chunks: 9,
-        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, false, 1, 4)
+        split_k: 1,
+        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
     };
     assert!(ks.matmul(bad).is_err());
 }
@@ -209,9 +200,9 @@ fn weights(
     (bytes, deq)
 }
 
-/// Plain and residual-add matmul for every type, decode (one token per invocation) and
-/// prefill (four) shapes, a row count that leaves a partial tile, a word offset; the add
-/// also writes `x∘g` for the next norm (g read at a float offset).
+/// Residual-add matmul for every type, decode (one token per invocation) and prefill
+/// (four) shapes, a row count that leaves a partial tile, a word offset; the add also
+/// writes `x∘g` for the next norm (g read at a float offset).
 #[test]
 fn matmul_store_and_add_match_reference_for_every_type() {
     let Some(ctx) = ctx() else { return };
@@ -235,25 +226,15 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             let mut want = vec![0.0; n_tok * rows];
             rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
             let init = rng.vec(n_tok * rows, 1.0);
-            for (out_mode, tb, group) in [
-                (OutMode::Store, 1, 1),
-                (OutMode::Store, 1, 2),
-                (OutMode::Store, 4, 1),
-                (OutMode::Store, 4, 4),
-                (OutMode::Add, 4, 1),
-                (OutMode::Add, 1, 2),
-            ] {
-                let k0 = MatmulKey {
-                    group,
-                    ..key(ty, InMode::Plain, out_mode, false, 1, tb)
-                };
+            for (out_mode, tb) in [(OutMode::Add, 4), (OutMode::Add, 1)] {
+                let k0 = key(ty, InMode::Plain, out_mode, false, tb);
                 for k in variants(&ks, k0, cols) {
                     let out = upload(&ctx, "out", &init);
                     let xg = zeros(&ctx, "xg", n_tok * rows);
                     let p = ks.matmul(k).unwrap();
                     let set = matmul_set(
                         p,
-                        [&wv, &dummy_w, &dummy_w],
+                        [&wv, &dummy_w],
                         &xv,
                         &gbuf,
                         [&out, &xg, &dummy],
@@ -359,7 +340,8 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             .unwrap();
             mags.extend(magnitudes(&w, cols, &xn));
         }
-        let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1, 4);
+        // the logits' pipeline: one token per invocation
+        let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1);
         for k in variants(&ks, k, cols) {
             let p = ks.matmul(k).unwrap();
             for (buf, slot) in [
@@ -385,7 +367,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                 let wv = wview(&ctx, buf, ty);
                 let set = matmul_set(
                     p,
-                    [&wv, &dummy_w, &dummy_w],
+                    [&wv, &dummy_w],
                     &xgv,
                     &dummy,
                     [&out, &dummy, &dummy],
@@ -436,16 +418,14 @@ fn qkv_rope_and_cache_write_match_reference() {
         let (wv, fv) = weights(&mut rng, ty, kv_dim, dim, 0);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
-        let (bq, bk, bv) = (
-            wupload(&ctx, "wq", &wq),
-            wupload(&ctx, "wk", &wk),
-            wupload(&ctx, "wv", &wv),
-        );
-        let (vq, vk_, vv) = (
-            wview(&ctx, &bq, ty),
-            wview(&ctx, &bk, ty),
-            wview(&ctx, &bv, ty),
-        );
+        // q, k and v through binding 0, each at its own word offset (as the engine binds
+        // them: one texel view spanning the three tensors)
+        let mut wqkv = wq.clone();
+        wqkv.extend_from_slice(&wk);
+        wqkv.extend_from_slice(&wv);
+        let bqkv = wupload(&ctx, "wqkv", &wqkv);
+        let vqkv = wview(&ctx, &bqkv, ty);
+        let (ofs_k, ofs_v) = (wq.len() as u32 / 4, (wq.len() + wk.len()) as u32 / 4);
         let (xbuf, xgbuf) = (
             upload(&ctx, "x", &x),
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
@@ -455,14 +435,7 @@ fn qkv_rope_and_cache_write_match_reference() {
         let qout = zeros(&ctx, "q", n_tok * q_dim);
         let kc = zeros(&ctx, "kc", ctx_len * kv_dim);
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
-        let k = key(
-            ty,
-            InMode::RmsNorm,
-            OutMode::Qkv,
-            mode == RopeMode::Neox,
-            3,
-            4,
-        );
+        let k = key(ty, InMode::RmsNorm, OutMode::Qkv, mode == RopeMode::Neox, 4);
         let k = if k.neox {
             MatmulKey {
                 pairs: hd as u32 / 16,
@@ -473,9 +446,10 @@ fn qkv_rope_and_cache_write_match_reference() {
         };
         for k in variants(&ks, k, dim) {
             let p = ks.matmul(k).unwrap();
+            let dummy_w = wview(&ctx, &dummy, ty);
             let set = matmul_set(
                 p,
-                [&vq, &vk_, &vv],
+                [&vqkv, &dummy_w],
                 &xgv,
                 &dummy,
                 [&qout, &kc, &vc],
@@ -490,6 +464,7 @@ fn qkv_rope_and_cache_write_match_reference() {
                 kv_ld: kv_dim as u32,
                 head_dim: hd as u32,
                 eps,
+                rope_neox: u32::from(k.neox),
                 ..Default::default()
             };
             let slots = [
@@ -502,13 +477,13 @@ fn qkv_rope_and_cache_write_match_reference() {
                 Slot {
                     slot: 1,
                     nrows: kv_dim as u32,
-                    wofs: 0,
+                    wofs: ofs_k,
                     orow: 0,
                 },
                 Slot {
                     slot: 2,
                     nrows: kv_dim as u32,
-                    wofs: 0,
+                    wofs: ofs_v,
                     orow: 0,
                 },
             ];
@@ -593,14 +568,13 @@ fn gate_up_swiglu_matches_reference() {
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
-        let dummy_w = wview(&ctx, &dummy, ty);
         let out = zeros(&ctx, "hb", n_tok * hidden);
-        let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
+        let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 1);
         for k in variants(&ks, k, dim) {
             let p = ks.matmul(k).unwrap();
             let set = matmul_set(
                 p,
-                [&vg, &vu, &dummy_w],
+                [&vg, &vu],
                 &xgv,
                 &dummy,
                 [&out, &dummy, &dummy],
@@ -859,26 +833,47 @@ fn argmax_matches_reference() {
     assert_no_validation_errors(&ctx);
 }
 
-/// Every pipeline the engine may create builds (spec constants accepted) and dispatches.
+/// Every matmul variant the engine may ask for exists and builds a pipeline, and every
+/// compiled matmul module is one the engine can ask for.
 #[test]
 fn every_matmul_variant_builds() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
+    let mut used = std::collections::HashSet::new();
     for ty in TYPES {
-        for (in_mode, out_mode, n_views) in [
-            (InMode::RmsNorm, OutMode::Qkv, 3),
-            (InMode::Plain, OutMode::Add, 1),
-            (InMode::RmsNorm, OutMode::Glu, 2),
-            (InMode::RmsNorm, OutMode::Store, 1),
+        for (in_mode, out_mode) in [
+            (InMode::RmsNorm, OutMode::Qkv),
+            (InMode::Plain, OutMode::Add),
+            (InMode::RmsNorm, OutMode::Glu),
+            (InMode::RmsNorm, OutMode::Store),
         ] {
-            for tb in [1, 4] {
-                ks.matmul(key(ty, in_mode, out_mode, false, n_views, tb))
-                    .unwrap();
+            let mut keys = Vec::new();
+            for tb in kernels::MATMUL_TB {
+                // the logits read one token: decode shape only
+                if out_mode != OutMode::Store || tb == 1 {
+                    keys.push(key(ty, in_mode, out_mode, false, tb));
+                }
+            }
+            for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
+                keys.push(MatmulKey {
+                    split_k,
+                    ..key(ty, in_mode, out_mode, false, 1)
+                });
+            }
+            for k in keys {
+                used.insert(k.kernel().unwrap());
+                if k.split_k == 0 || ks.column_split(8, 64 * 8 * k.split_k) == k.split_k {
+                    ks.matmul(k).unwrap();
+                }
             }
         }
         ks.embed(ty).unwrap();
     }
-    assert!(ks.count() >= 45);
+    for k in vk::Kernel::ALL {
+        if k.name().starts_with("matmul") {
+            assert!(used.contains(k), "{} is built but never used", k.name());
+        }
+    }
     drop(ks);
     let _ = Buffer::new; // keep the import used in every configuration
     assert_no_validation_errors(&ctx);
