@@ -15,6 +15,7 @@ use engine::kernels::{
     self, ArgmaxPush, AttentionPush, EmbedPush, InMode, Kernels, MatmulKey, MatmulPush, OutMode,
     Slot,
 };
+use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
@@ -131,19 +132,35 @@ fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) ->
     }
 }
 
-/// `k`, and where this device lets lanes split rows of `cols` columns, its one-token
-/// column-split twin (the decode path's kernel; `k`, one row per lane, is the fallback).
-fn variants(ks: &Kernels, k: MatmulKey, cols: usize) -> Vec<MatmulKey> {
-    let mut v = vec![k];
-    let split_k = ks.column_split(k.wg, cols as u32);
-    if split_k > 0 {
-        v.push(MatmulKey {
-            tb: 1,
-            split_k,
-            ..k
-        });
-    }
-    v
+/// The engine's own keys for a dispatch over rows of `cols` columns
+/// (`model::matmul_key`): the prefill shape, the decode shape (with the column split the
+/// engine picks on this device), and where the split is picked, the row-per-lane decode
+/// fallback. The logits read one token: decode shape only.
+fn engine_keys(
+    ks: &Kernels,
+    ty: GgmlType,
+    (in_mode, out_mode): (InMode, OutMode),
+    neox: bool,
+    head_dim: u32,
+    cols: usize,
+) -> Vec<MatmulKey> {
+    let v = MatmulVariant {
+        wtype: ty,
+        in_mode,
+        out_mode,
+        last_token_only: out_mode == OutMode::Store,
+        split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+    };
+    let fallback = MatmulVariant { split_k: 0, ..v };
+    let mut keys = vec![
+        matmul_key(&v, Batch::Prefill, neox, head_dim),
+        matmul_key(&v, Batch::Decode, neox, head_dim),
+        matmul_key(&fallback, Batch::Decode, neox, head_dim),
+    ];
+    keys.dedup();
+    keys.sort_by_key(|k| (k.tb, k.split_k));
+    keys.dedup();
+    keys
 }
 
 /// lavapipe (the CI device) has subgroup arithmetic: the column split must be chosen
@@ -226,9 +243,9 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             let mut want = vec![0.0; n_tok * rows];
             rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
             let init = rng.vec(n_tok * rows, 1.0);
-            for (out_mode, tb) in [(OutMode::Add, 4), (OutMode::Add, 1)] {
-                let k0 = key(ty, InMode::Plain, out_mode, false, tb);
-                for k in variants(&ks, k0, cols) {
+            {
+                let out_mode = OutMode::Add;
+                for k in engine_keys(&ks, ty, (InMode::Plain, out_mode), false, 0, cols) {
                     let out = upload(&ctx, "out", &init);
                     let xg = zeros(&ctx, "xg", n_tok * rows);
                     let p = ks.matmul(k).unwrap();
@@ -341,8 +358,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             mags.extend(magnitudes(&w, cols, &xn));
         }
         // the logits' pipeline: one token per invocation
-        let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1);
-        for k in variants(&ks, k, cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), false, 0, cols) {
             let p = ks.matmul(k).unwrap();
             for (buf, slot) in [
                 (
@@ -435,16 +451,9 @@ fn qkv_rope_and_cache_write_match_reference() {
         let qout = zeros(&ctx, "q", n_tok * q_dim);
         let kc = zeros(&ctx, "kc", ctx_len * kv_dim);
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
-        let k = key(ty, InMode::RmsNorm, OutMode::Qkv, mode == RopeMode::Neox, 4);
-        let k = if k.neox {
-            MatmulKey {
-                pairs: hd as u32 / 16,
-                ..k
-            }
-        } else {
-            k
-        };
-        for k in variants(&ks, k, dim) {
+        let neox = mode == RopeMode::Neox;
+        let qkv = (InMode::RmsNorm, OutMode::Qkv);
+        for k in engine_keys(&ks, ty, qkv, neox, hd as u32, dim) {
             let p = ks.matmul(k).unwrap();
             let dummy_w = wview(&ctx, &dummy, ty);
             let set = matmul_set(
@@ -555,7 +564,7 @@ fn gate_up_swiglu_matches_reference() {
     let (hidden, dim, n_tok, eps) = (200, 576, 2, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
     let step = step_buffer(&ctx, 0, &[], &[]);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
         let (wg, fg) = weights(&mut rng, ty, hidden, dim, 0);
         // up 64 bytes into its binding: its own word offset (slot 1) must be used
         let (wu, fu) = weights(&mut rng, ty, hidden, dim, 64);
@@ -569,8 +578,7 @@ fn gate_up_swiglu_matches_reference() {
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let out = zeros(&ctx, "hb", n_tok * hidden);
-        let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 1);
-        for k in variants(&ks, k, dim) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), false, 0, dim) {
             let p = ks.matmul(k).unwrap();
             let set = matmul_set(
                 p,
