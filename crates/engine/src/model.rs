@@ -18,6 +18,7 @@ use std::sync::Arc;
 use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet};
 
 use crate::activations::Activations;
+use crate::forward::step::{self, Dims, LayerWeights, MatmulSpec};
 use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
 use crate::residency::{TensorView, ViewPart, Weights};
 use crate::views::Views;
@@ -222,24 +223,6 @@ fn vector(weights: &Weights, name: &str, n: usize) -> Result<(BufferBinding, u32
     Ok((p.binding, to_u32(p.byte_offset / 4, "norm offset")?))
 }
 
-/// What one fused matmul reads and writes, before it is split into calls.
-struct MatmulSpec<'a> {
-    name: String,
-    views: Vec<&'a TensorView>,
-    in_mode: InMode,
-    out_mode: OutMode,
-    /// The dot input (xg for IN_RMSNORM).
-    x: Arc<BufferView>,
-    /// The raw residual the rms is taken of (IN_RMSNORM).
-    xr: Option<Arc<BufferView>>,
-    x_ld: usize,
-    /// OUT_ADD: the next norm weight; with it, out1 receives x∘aux.
-    aux: Option<(BufferBinding, u32)>,
-    outs: [Option<BufferBinding>; 3],
-    out_ld: usize,
-    last_token_only: bool,
-}
-
 impl GpuModel {
     /// Binds every dispatch and creates every pipeline they need.
     pub fn build(
@@ -287,6 +270,12 @@ impl GpuModel {
         }
         let (dim, hidden, q_dim, kv_dim) =
             (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
+        let d = Dims {
+            dim,
+            q_dim,
+            hidden,
+            vocab: cfg.vocab_size,
+        };
         let dummy = acts.dummy.binding();
         let head_dim = to_u32(hd as u64, "head_dim")?;
         let mut views = Views::new(ctx, acts)?;
@@ -314,66 +303,26 @@ impl GpuModel {
             };
             let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
 
-            let qkv = MatmulSpec {
-                name: format!("blk.{l}.qkv"),
-                views: vec![q, k, v],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Qkv,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.q.binding()), Some(kc), Some(vc)],
-                out_ld: q_dim,
-                last_token_only: false,
+            let lw = LayerWeights {
+                qkv: [q, k, v],
+                o,
+                gate_up: [gate, up],
+                down,
+                ffn_norm,
+                next_norm,
             };
             let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
-            let attention = kernels.attention(head_dim)?.descriptor_set_with(&[
-                Descriptor::Texel(&views.q),
-                Descriptor::Texel(&kc4),
-                Descriptor::Texel(&vc4),
-                Descriptor::Buffer(acts.att_out.binding()),
-                Descriptor::Buffer(acts.step.binding()),
-            ])?;
-            let attn_output = MatmulSpec {
-                name: format!("blk.{l}.attn_output"),
-                views: vec![o],
-                in_mode: InMode::Plain,
-                out_mode: OutMode::Add,
-                x: Arc::clone(&views.att_out),
-                xr: None,
-                x_ld: q_dim,
-                aux: Some(ffn_norm),
-                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
-                out_ld: dim,
-                last_token_only: false,
-            };
-            let gate_up = MatmulSpec {
-                name: format!("blk.{l}.gate_up"),
-                views: vec![gate, up],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Glu,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.hb.binding()), None, None],
-                out_ld: hidden,
-                last_token_only: false,
-            };
-            let ffn_down = MatmulSpec {
-                name: format!("blk.{l}.ffn_down"),
-                views: vec![down],
-                in_mode: InMode::Plain,
-                out_mode: OutMode::Add,
-                x: Arc::clone(&views.hb),
-                xr: None,
-                x_ld: hidden,
-                aux: Some(next_norm),
-                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
-                out_ld: dim,
-                last_token_only: false,
-            };
+            let attention = kernels
+                .attention(head_dim)?
+                .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts))?;
+            let (qkv, attn_output) = (
+                step::qkv(l, &lw, acts, &views, &d),
+                step::attn_output(l, &lw, acts, &views, &d),
+            );
+            let (gate_up, ffn_down) = (
+                step::gate_up(l, &lw, acts, &views, &d),
+                step::ffn_down(l, &lw, acts, &views, &d),
+            );
             let mut build =
                 |s: MatmulSpec| matmul_calls(s, dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
@@ -392,19 +341,7 @@ impl GpuModel {
         };
         let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
         let logits = matmul_calls(
-            MatmulSpec {
-                name: "logits".into(),
-                views: vec![out_view],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Store,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.logits.binding()), None, None],
-                out_ld: cfg.vocab_size,
-                last_token_only: true,
-            },
+            step::logits(out_view, acts, &views, &d),
             dummy,
             acts,
             kernels,
