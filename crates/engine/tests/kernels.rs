@@ -886,3 +886,28 @@ fn every_matmul_variant_builds() {
     let _ = Buffer::new; // keep the import used in every configuration
     assert_no_validation_errors(&ctx);
 }
+
+/// The layouts the engine binds agree with the SPIR-V reflection (crates/vk/build.rs):
+/// every matmul variant of either kernel declares [`kernels::MATMUL_BINDINGS`] bindings
+/// with the weights, x and xr as texel buffers, so one descriptor set serves the decode
+/// and prefill pipelines of a dispatch; likewise embed, attention and argmax.
+#[test]
+fn reflected_layouts_agree_with_the_engine_bindings() {
+    use vk::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};
+    let mut seen = 0;
+    for k in vk::Kernel::ALL {
+        let (n, kinds): (u32, &[vk::DescriptorKind]) = match k.name().split('.').next() {
+            Some("matmul" | "matmul_split") => {
+                (kernels::MATMUL_BINDINGS, &[T, T, T, S, S, S, S, S, T])
+            }
+            Some("embed") => (kernels::EMBED_BINDINGS, &[T, T, T, S, S, S, S]),
+            Some("attention") => (kernels::ATTENTION_BINDINGS, &[T, T, T, S, S]),
+            Some("argmax") => (kernels::ARGMAX_BINDINGS, &[S, S]),
+            _ => continue,
+        };
+        assert_eq!(k.bindings(), n, "{}", k.name());
+        assert_eq!(k.descriptor_kinds(), kinds, "{}", k.name());
+        seen += 1;
+    }
+    assert!(seen > 100, "{seen} kernels checked");
+}
