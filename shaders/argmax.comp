@@ -1,5 +1,8 @@
 #version 450
-// Index of the largest logit (the first one on ties), in one workgroup.
+// Index of the largest logit (the first one on ties), in one workgroup, and whether any
+// logit is NaN or infinite, in one word: result[0] = index | (non-finite << 31) (the host
+// then refuses the token instead of taking index 0 of a NaN row; vocabularies are far
+// below 2^31, and a token still reads back 4 bytes).
 // CPU twin: reference::kernels::argmax.
 layout(local_size_x_id = 0) in;
 const uint MAX_WG = 256u;
@@ -14,13 +17,16 @@ layout(push_constant) uniform Push {
 
 shared float best_v[MAX_WG];
 shared uint best_i[MAX_WG];
+shared uint bad_any[MAX_WG];
 
 void main() {
     uint l = gl_LocalInvocationID.x;
     float bv = -1.0 / 0.0;
     uint bi = 0xFFFFFFFFu;
+    uint bad = 0u;
     for (uint i = l; i < pc.n; i += gl_WorkGroupSize.x) {
         float v = logits[i];
+        bad |= uint(isnan(v) || isinf(v));
         if (v > bv || bi == 0xFFFFFFFFu) {
             bv = v;
             bi = i;
@@ -28,16 +34,18 @@ void main() {
     }
     best_v[l] = bv;
     best_i[l] = bi;
+    bad_any[l] = bad;
     barrier();
     if (l == 0u) {
         for (uint j = 1u; j < gl_WorkGroupSize.x; j++) {
             float v = best_v[j];
             uint i = best_i[j];
+            bad |= bad_any[j];
             if (i != 0xFFFFFFFFu && (v > bv || (v == bv && i < bi) || bi == 0xFFFFFFFFu)) {
                 bv = v;
                 bi = i;
             }
         }
-        result[0] = bi;
+        result[0] = bi | (bad << 31);
     }
 }

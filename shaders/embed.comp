@@ -1,4 +1,3 @@
-// variants: q8_0=-DWTYPE_Q8_0 q4_0=-DWTYPE_Q4_0 q4_1=-DWTYPE_Q4_1 f16=-DWTYPE_F16 f32=-DWTYPE_F32
 #version 450
 // X[t] = row step_tokens[t] of the embedding table, dequantised in registers, and
 // XG[t] = X[t] ∘ g, the first layer's rmsnorm input (see matmul.comp).
@@ -11,7 +10,8 @@
 
 layout(local_size_x_id = 0) in;
 
-// The table's parts as R32UI texel buffers (see quant.glsl).
+// The table's parts as texel buffers (see quant.glsl).
+// Variants (crates/vk/build.rs): one per weight type, WTYPE_*.
 layout(set = 0, binding = 0) uniform usamplerBuffer w0;
 layout(set = 0, binding = 1) uniform usamplerBuffer w1;
 layout(set = 0, binding = 2) uniform usamplerBuffer w2;
@@ -30,6 +30,7 @@ layout(push_constant) uniform Push {
     uvec4 wofs;       // word offset of part v's first row inside binding v
 } pc;
 
+// Writes the dequantised quad qi of the chunk to X and XG.
 #define EMIT(v, qi)                                                                       \
     {                                                                                     \
         x4[o + qi] = v;                                                                   \
@@ -50,10 +51,10 @@ void main() {
     uint base = pc.wofs[part] + (row - first) * nchunks * CHUNK_WORDS + c * CHUNK_WORDS;
     uint o = t * (pc.out_ld / 4u) + c * 16u;
     if (part == 0u) {
-        FOR_EACH_QUAD(w0, base, EMIT(wq, qi))
+        QUANT_CHUNK(w0, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     } else if (part == 1u) {
-        FOR_EACH_QUAD(w1, base, EMIT(wq, qi))
+        QUANT_CHUNK(w1, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     } else {
-        FOR_EACH_QUAD(w2, base, EMIT(wq, qi))
+        QUANT_CHUNK(w2, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     }
 }

@@ -1,10 +1,11 @@
 //! Compiles every `shaders/*.comp` to SPIR-V with `glslc` and generates the `Kernel` enum.
 //!
-//! A shader may declare variants on a line of its own:
-//! `// variants: q8_0=-DWTYPE_Q8_0 f32=-DWTYPE_F32,-DEXTRA=1`
-//! (each variant: `name=flag[,flag...]`), giving one SPIR-V per variant named
-//! `<Stem><Variant>` in CamelCase. The SPIR-V words are written into the generated
-//! source as `u32` arrays, so they are 4-byte aligned without any cast.
+//! A shader is compiled once per build-time variant listed in [`variants`] (a name and the
+//! `-D` defines that select it; a shader with no list is compiled once), giving one SPIR-V
+//! module per variant, named `<stem>.<variant>`, and one `Kernel` each. Modes are defines,
+//! not specialization constants: lavapipe compiles a constant's dead branches too
+//! (FACTS.md), so each module holds only the code its variant runs. Only the variants
+//! the engine can ask for are listed. The modules are embedded with `include_bytes!`.
 //! `GLSLC` overrides the compiler's path.
 
 use std::fmt::Write as _;
@@ -16,17 +17,83 @@ struct Variant {
     flags: Vec<String>,
 }
 
-fn camel(s: &str) -> String {
-    s.split(['_', '-'])
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let mut c = p.chars();
-            match c.next() {
-                Some(f) => f.to_ascii_uppercase().to_string() + c.as_str(),
-                None => String::new(),
+/// The weight types the matmul and embedding kernels read: variant name and define.
+const WEIGHT_TYPES: [(&str, &str); 5] = [
+    ("q8_0", "WTYPE_Q8_0"),
+    ("q4_0", "WTYPE_Q4_0"),
+    ("q4_1", "WTYPE_Q4_1"),
+    ("f16", "WTYPE_F16"),
+    ("f32", "WTYPE_F32"),
+];
+
+/// The fused matmul steps of the forward pass (engine::kernels::Epilogue): name, defines.
+const EPILOGUES: [(&str, &[&str]); 4] = [
+    // q/k/v: rmsnorm in, rope + KV-cache write out
+    ("qkv", &["IN_RMSNORM", "OUT_MODE=2"]),
+    // attn_output, ffn_down: residual add (and the next norm's input)
+    ("add", &["OUT_MODE=1"]),
+    // gate/up: rmsnorm in, SwiGLU out
+    ("glu", &["IN_RMSNORM", "OUT_MODE=3"]),
+    // the logits: rmsnorm in, stored (one token: decode shape only)
+    ("logits", &["IN_RMSNORM", "OUT_MODE=0"]),
+];
+
+/// Tokens per invocation of the row-per-lane matmul: decode (1) and prefill (4).
+const MATMUL_TB: [u32; 2] = [1, 4];
+/// Whole rounds of lanes' chunks per row of the column-split matmul (its `SPLIT_K`).
+const SPLIT_K: [u32; 4] = [1, 2, 3, 4];
+
+fn variant(name: String, flags: &[&str]) -> Variant {
+    Variant {
+        name,
+        flags: flags.iter().map(|f| format!("-D{f}")).collect(),
+    }
+}
+
+/// The build-time variants of shader `stem` (empty: compiled once, as is).
+fn variants(stem: &str) -> Vec<Variant> {
+    let mut out = Vec::new();
+    match stem {
+        "embed" => {
+            for (ty, def) in WEIGHT_TYPES {
+                out.push(variant(ty.to_string(), &[def]));
             }
-        })
-        .collect()
+        }
+        "matmul" => {
+            for (ty, def) in WEIGHT_TYPES {
+                for tb in MATMUL_TB {
+                    for (epi, defs) in EPILOGUES {
+                        if epi == "logits" && tb != 1 {
+                            continue;
+                        }
+                        let tbdef = format!("TB={tb}");
+                        let mut flags = vec![def, tbdef.as_str()];
+                        flags.extend_from_slice(defs);
+                        out.push(variant(format!("{ty}.tb{tb}.{epi}"), &flags));
+                    }
+                }
+            }
+        }
+        "matmul_split" => {
+            for (ty, def) in WEIGHT_TYPES {
+                for k in SPLIT_K {
+                    for (epi, defs) in EPILOGUES {
+                        let kdef = format!("SPLIT_K={k}");
+                        let mut flags = vec![def, "TB=1", kdef.as_str()];
+                        flags.extend_from_slice(defs);
+                        out.push(variant(format!("{ty}.k{k}.{epi}"), &flags));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// `matmul_split.q8_0.k1` -> `MatmulSplitQ8_0K1`.
+fn ident_of(name: &str) -> String {
+    name.split('.').map(variant_camel).collect()
 }
 
 fn variant_camel(v: &str) -> String {
@@ -53,29 +120,6 @@ fn variant_camel(v: &str) -> String {
         }
     }
     out
-}
-
-fn parse_variants(src: &str, path: &Path) -> Vec<Variant> {
-    for line in src.lines() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("// variants:") {
-            let mut out = Vec::new();
-            for item in rest.split_whitespace() {
-                let (name, flags) = item.split_once('=').unwrap_or_else(|| {
-                    panic!(
-                        "{}: variant `{item}` must be name=flag[,flag]",
-                        path.display()
-                    )
-                });
-                out.push(Variant {
-                    name: name.to_string(),
-                    flags: flags.split(',').map(str::to_string).collect(),
-                });
-            }
-            return out;
-        }
-    }
-    Vec::new()
 }
 
 /// Highest `Binding` decoration + 1 (0 if none), scanning the SPIR-V instructions.
@@ -161,6 +205,88 @@ fn texel_bindings(words: &[u32]) -> Vec<bool> {
     out
 }
 
+/// Compiles one variant of `comp` to `spv` and returns its words. A module newer than
+/// its sources (`newest`: the latest change to the shader or an include) and built with
+/// the same compiler and flags (its `.stamp` file) is reused, so editing one shader does
+/// not recompile the hundred others.
+fn compile(
+    glslc: &str,
+    include: &Path,
+    comp: &Path,
+    v: &Variant,
+    spv: &Path,
+    newest: std::time::SystemTime,
+) -> Vec<u32> {
+    let stamp = format!("{glslc} {}", v.flags.join(" "));
+    let stamp_path = spv.with_extension("stamp");
+    let same_flags = std::fs::read_to_string(&stamp_path).map_or(true, |s| s == stamp);
+    let newer = std::fs::metadata(spv)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t > newest);
+    if !(same_flags && newer) {
+        run_glslc(glslc, include, comp, v, spv);
+    }
+    std::fs::write(&stamp_path, stamp).expect("write the stamp");
+    let bytes = std::fs::read(spv).expect("read SPIR-V");
+    assert!(
+        bytes.len().is_multiple_of(4),
+        "SPIR-V of {} is not whole words",
+        spv.display()
+    );
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// When `p` last changed.
+fn modified(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("cannot stat {}: {e}", p.display()))
+}
+
+fn run_glslc(glslc: &str, include: &Path, comp: &Path, v: &Variant, spv: &Path) {
+    let mut cmd = Command::new(glslc);
+    cmd.arg("--target-env=vulkan1.2")
+        .arg("-O")
+        .arg("-fshader-stage=compute")
+        .arg("-I")
+        .arg(include)
+        .args(&v.flags)
+        .arg(comp)
+        .arg("-o")
+        .arg(spv);
+    let output = match cmd.output() {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "`{glslc}` not found: the shaders are compiled with glslc from the shaderc \
+             project. Install it with `apt install glslc` (Debian/Ubuntu), or set GLSLC \
+             to its path."
+        ),
+        Err(e) => panic!("cannot run `{glslc}`: {e}"),
+    };
+    if !output.status.success() {
+        panic!(
+            "glslc failed on {} (variant `{}`):\n{}{}",
+            comp.display(),
+            v.name,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// One module to build: kernel ident, name, source, variant.
+struct Job {
+    ident: String,
+    name: String,
+    comp: PathBuf,
+    variant: Variant,
+    /// The latest change to the shader or an include.
+    newest: std::time::SystemTime,
+}
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let shaders = manifest.join("../../shaders");
@@ -175,8 +301,10 @@ fn main() {
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     includes.sort();
+    let mut newest_include = std::time::SystemTime::UNIX_EPOCH;
     for inc in &includes {
         println!("cargo:rerun-if-changed={}", inc.display());
+        newest_include = newest_include.max(modified(inc));
     }
 
     let mut comps: Vec<PathBuf> = std::fs::read_dir(&shaders)
@@ -186,69 +314,74 @@ fn main() {
         .collect();
     comps.sort();
 
-    // (variant ident, name, words)
-    let mut kernels: Vec<(String, String, Vec<u32>)> = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
     for comp in &comps {
         println!("cargo:rerun-if-changed={}", comp.display());
-        let src = std::fs::read_to_string(comp)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", comp.display()));
         let stem = comp
             .file_stem()
             .and_then(|s| s.to_str())
             .expect("utf-8 shader name");
-        let mut variants = parse_variants(&src, comp);
-        let plain = variants.is_empty();
-        if plain {
-            variants.push(Variant {
-                name: String::new(),
-                flags: Vec::new(),
+        let newest = newest_include.max(modified(comp));
+        let vs = variants(stem);
+        if vs.is_empty() {
+            jobs.push(Job {
+                ident: ident_of(stem),
+                name: stem.to_string(),
+                comp: comp.clone(),
+                newest,
+                variant: Variant {
+                    name: String::new(),
+                    flags: Vec::new(),
+                },
             });
         }
-        for v in &variants {
-            let (ident, name) = if plain {
-                (camel(stem), stem.to_string())
-            } else {
-                (
-                    format!("{}{}", camel(stem), variant_camel(&v.name)),
-                    format!("{stem}.{}", v.name),
-                )
-            };
-            let spv = out_dir.join(format!("{name}.spv"));
-            let mut cmd = Command::new(&glslc);
-            cmd.arg("--target-env=vulkan1.2")
-                .arg("-O")
-                .arg("-fshader-stage=compute")
-                .arg("-I")
-                .arg(&include)
-                .args(&v.flags)
-                .arg(comp)
-                .arg("-o")
-                .arg(&spv);
-            let output = match cmd.output() {
-                Ok(o) => o,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                    "`{glslc}` not found: the shaders are compiled with glslc from the shaderc \
-                     project. Install it with `apt install glslc` (Debian/Ubuntu), or set GLSLC \
-                     to its path."
-                ),
-                Err(e) => panic!("cannot run `{glslc}`: {e}"),
-            };
-            if !output.status.success() {
-                panic!(
-                    "glslc failed on {} (variant `{}`):\n{}{}",
-                    comp.display(),
-                    v.name,
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-            let bytes = std::fs::read(&spv).expect("read SPIR-V");
-            assert!(bytes.len() % 4 == 0, "SPIR-V of {name} is not whole words");
-            let words = bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            kernels.push((ident, name, words));
+        for v in vs {
+            let name = format!("{stem}.{}", v.name);
+            jobs.push(Job {
+                ident: ident_of(&name),
+                name,
+                comp: comp.clone(),
+                newest,
+                variant: v,
+            });
+        }
+    }
+
+    // glslc per module, on every core (a hundred modules, up to seconds each)
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut words: Vec<Option<Vec<u32>>> = Vec::new();
+    words.resize_with(jobs.len(), || None);
+    let words = std::sync::Mutex::new(words);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let spv = out_dir.join(format!("{}.spv", job.name));
+                let w = compile(&glslc, &include, &job.comp, &job.variant, &spv, job.newest);
+                words.lock().expect("no panic while holding the lock")[i] = Some(w);
+            });
+        }
+    });
+    let words: Vec<Vec<u32>> = words
+        .into_inner()
+        .expect("no panic while holding the lock")
+        .into_iter()
+        .map(|w| w.expect("every module compiled"))
+        .collect();
+
+    // A variant's compiler drops the bindings it never reads, so a kernel's layout is the
+    // union over every variant of its shader (all declare the same set 0).
+    let mut layouts: std::collections::HashMap<&Path, Vec<bool>> = Default::default();
+    for (j, w) in jobs.iter().zip(&words) {
+        let kinds = texel_bindings(w);
+        let l = layouts.entry(j.comp.as_path()).or_default();
+        if l.len() < kinds.len() {
+            l.resize(kinds.len(), false);
+        }
+        for (i, t) in kinds.into_iter().enumerate() {
+            l[i] |= t;
         }
     }
 
@@ -256,61 +389,63 @@ fn main() {
     gen.push_str("/// Every compute kernel compiled from `shaders/` (one entry per variant).\n");
     gen.push_str("#[allow(non_camel_case_types)]\n");
     gen.push_str("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\npub enum Kernel {\n");
-    for (ident, name, _) in &kernels {
-        let _ = writeln!(gen, "    /// `{name}`\n    {ident},");
+    for j in &jobs {
+        let _ = writeln!(gen, "    /// `{}`\n    {},", j.name, j.ident);
     }
     gen.push_str("}\n\nimpl Kernel {\n    /// All kernels, in file order.\n");
     let _ = writeln!(gen, "    pub const ALL: &'static [Kernel] = &[");
-    for (ident, _, _) in &kernels {
-        let _ = writeln!(gen, "        Kernel::{ident},");
+    for j in &jobs {
+        let _ = writeln!(gen, "        Kernel::{},", j.ident);
     }
     gen.push_str("    ];\n\n    /// `stem` or `stem.variant`.\n    pub fn name(self) -> &'static str {\n        match self {\n");
-    for (ident, name, _) in &kernels {
-        let _ = writeln!(gen, "            Kernel::{ident} => \"{name}\",");
+    for j in &jobs {
+        let _ = writeln!(gen, "            Kernel::{} => \"{}\",", j.ident, j.name);
     }
-    gen.push_str("        }\n    }\n\n    /// Bindings the shader declares in set 0 (highest `binding` + 1, read from the SPIR-V).\n    pub fn bindings(self) -> u32 {\n        match self {\n");
-    for (ident, _, words) in &kernels {
+    gen.push_str("        }\n    }\n\n    /// The kernel named `stem` or `stem.variant`, if it was built.\n    pub fn by_name(name: &str) -> Option<Kernel> {\n        match name {\n");
+    for j in &jobs {
         let _ = writeln!(
             gen,
-            "            Kernel::{ident} => {},",
-            max_binding(words)
+            "            \"{}\" => Some(Kernel::{}),",
+            j.name, j.ident
         );
     }
-    gen.push_str("        }\n    }\n\n    /// Descriptor type of each binding 0..bindings() (reflected from the SPIR-V).\n    pub fn descriptor_kinds(self) -> &'static [crate::DescriptorKind] {\n        use crate::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};\n        match self {\n");
-    for (ident, _, words) in &kernels {
-        let kinds: Vec<&str> = texel_bindings(words)
+    gen.push_str("            _ => None,\n        }\n    }\n\n    /// Bindings the shader declares in set 0 (highest `binding` + 1, read from the SPIR-V\n    /// of every variant of its source).\n    pub fn bindings(self) -> u32 {\n        match self {\n");
+    for j in &jobs {
+        let n = layouts[j.comp.as_path()].len();
+        let _ = writeln!(gen, "            Kernel::{} => {n},", j.ident);
+    }
+    gen.push_str("        }\n    }\n\n    /// Descriptor type of each binding 0..bindings() (reflected from the SPIR-V of every\n    /// variant of its source).\n    pub fn descriptor_kinds(self) -> &'static [crate::DescriptorKind] {\n        use crate::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};\n        match self {\n");
+    for j in &jobs {
+        let kinds: Vec<&str> = layouts[j.comp.as_path()]
             .iter()
             .map(|&t| if t { "T" } else { "S" })
             .collect();
         let _ = writeln!(
             gen,
-            "            Kernel::{ident} => &[{}],",
+            "            Kernel::{} => &[{}],",
+            j.ident,
             kinds.join(", ")
         );
     }
-    gen.push_str("        }\n    }\n\n    /// The SPIR-V words.\n    pub fn spirv(self) -> &'static [u32] {\n        match self {\n");
-    for (ident, _, _) in &kernels {
+    gen.push_str("        }\n    }\n\n    /// The SPIR-V words.\n    pub fn spirv(self) -> &'static [u32] {\n        let bytes: &'static [u8] = match self {\n");
+    for j in &jobs {
         let _ = writeln!(
             gen,
-            "            Kernel::{ident} => &SPIRV_{},",
-            ident.to_ascii_uppercase()
+            "            Kernel::{} => &SPIRV_{}.0,",
+            j.ident,
+            j.ident.to_ascii_uppercase()
         );
     }
-    gen.push_str("        }\n    }\n}\n\n");
-    for (ident, _, words) in &kernels {
-        let _ = write!(
+    gen.push_str("        };\n        bytemuck::cast_slice(bytes)\n    }\n}\n\n");
+    gen.push_str("/// SPIR-V bytes, 4-byte aligned so they can be read as words.\n#[repr(C, align(4))]\nstruct Aligned<B: ?Sized>(B);\n\n");
+    for j in &jobs {
+        let spv = out_dir.join(format!("{}.spv", j.name));
+        let _ = writeln!(
             gen,
-            "static SPIRV_{}: [u32; {}] = [",
-            ident.to_ascii_uppercase(),
-            words.len()
+            "static SPIRV_{}: &Aligned<[u8]> = &Aligned(*include_bytes!({:?}));",
+            j.ident.to_ascii_uppercase(),
+            spv.display().to_string()
         );
-        for (i, w) in words.iter().enumerate() {
-            if i % 8 == 0 {
-                gen.push_str("\n    ");
-            }
-            let _ = write!(gen, "0x{w:08x}, ");
-        }
-        gen.push_str("\n];\n");
     }
     std::fs::write(out_dir.join("kernels.rs"), gen).expect("write kernels.rs");
 }

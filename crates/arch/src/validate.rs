@@ -114,7 +114,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Arch, RopeMode};
+    use crate::{Arch, FfnAct, RopeMode};
 
     fn smollm() -> Config {
         Config {
@@ -129,8 +129,18 @@ mod tests {
             context_length: 8192,
             rms_eps: 1e-5,
             rope_base: 100_000.0,
+            rope_scale: 1.0,
             rope_mode: RopeMode::Normal,
+            rope_freqs: false,
             tied_output: true,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            ffn_act: FfnAct::Silu,
+            embd_scale: 1.0,
+            attn_scale: 0.125,
+            final_logit_softcap: None,
+            sliding_window: None,
         }
     }
 

@@ -129,25 +129,22 @@ fn matvec(c: &mut Criterion) {
             let xbuf = upload(&ctx, "x", &x);
             let xv = BufferView::new(&ctx, xbuf.binding(), TexelFormat::Rgba32Float).expect("view");
             let out = upload(&ctx, "out", &vec![0f32; rows]);
-            // the engine's decode key for a plain matvec (see model::key_of)
+            // the engine's decode key for a plain matvec added to the residual (attn_output,
+            // ffn_down: see model::matmul_key)
             let key = MatmulKey {
                 wtype: ty,
                 in_mode: InMode::Plain,
-                out_mode: OutMode::Store,
+                out_mode: OutMode::Add,
                 neox: false,
-                n_views: 1,
-                shared_w: false,
                 wg: DECODE_SHAPE.wg,
                 pairs: DECODE_SHAPE.pairs,
                 tb: DECODE_SHAPE.tb,
-                group: DECODE_SHAPE.group,
-                split_chunks: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+                split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
             };
             let p = ks.matmul(key).expect("matmul pipeline");
             let set = p
                 .descriptor_set_with(&[
                     Descriptor::Texel(&wv),
-                    Descriptor::Texel(&dummy_w),
                     Descriptor::Texel(&dummy_w),
                     Descriptor::Texel(&xv),
                     Descriptor::Buffer(dummy.binding()),

@@ -46,6 +46,33 @@ pub enum EngineError {
     /// The mapped model file was rewritten in place during the run.
     #[error(transparent)]
     FileChanged(#[from] crate::residency::FileChanged),
+    /// The logits held a NaN or an infinity, so no token can be chosen (broken weights
+    /// or metadata: a NaN norm weight, a meaningless epsilon or rope base).
+    #[error("the logits at position {pos} are not all finite (NaN or infinity): the model's weights or metadata are broken")]
+    NonFiniteLogits {
+        /// Position of the token whose logits these are.
+        pos: usize,
+    },
+    /// The buffers for a context of `ctx_len` positions cannot be sized or allocated.
+    #[error("a context of {ctx_len} positions: {why} (lower -c / ctx_len)")]
+    ContextTooLarge {
+        /// Positions asked for.
+        ctx_len: usize,
+        /// What does not fit, with the bytes it would need.
+        why: String,
+    },
+    /// A dispatch would write past the end of a buffer (checked when it is recorded).
+    #[error("internal: dispatch `{dispatch}` would write {need} bytes of `{binding}`, which holds {have}")]
+    DispatchOutOfBounds {
+        /// The dispatch (`blk.3.qkv`, `embed`, ...).
+        dispatch: String,
+        /// The binding written.
+        binding: String,
+        /// Bytes it would write up to.
+        need: u64,
+        /// Bytes bound.
+        have: u64,
+    },
     /// The KV cache cannot hold more tokens.
     #[error("context full: {n} more token(s) at position {pos} exceed the context of {ctx_len} positions (raise -c / ctx_len)")]
     ContextFull {

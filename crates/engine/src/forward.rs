@@ -1,13 +1,14 @@
 //! Recording the forward pass into a command buffer. Reads top to bottom, as llama2.c's
 //! `forward()`: embedding → per layer (qkv, attention, output + residual, gate/up,
 //! down + residual) → logits (final norm folded in) → argmax. One global barrier between
-//! dependent dispatches; no host wait anywhere in here.
+//! dependent dispatches; no host wait anywhere in here. What each step reads and writes
+//! is in [`step`], built once at load (model.rs binds it).
 
 use vk::{CommandBuffer, QueryPool};
 
+use crate::activations::Activations;
 use crate::kernels::{self, AttentionPush, MatmulPush};
 use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
-use crate::session::Activations;
 use crate::EngineError;
 use arch::Config;
 
@@ -71,6 +72,9 @@ impl Recorder<'_> {
         let mut push = e.push;
         push.n_tok = self.n_tok;
         let chunks = self.cfg.dim.div_ceil(kernels::CHUNK) as u32;
+        let need = u64::from(self.n_tok) * self.cfg.dim as u64 * 4;
+        check_fits("embed", "x", need, self.acts.x.size())?;
+        check_fits("embed", "xg", need, self.acts.xg.size())?;
         self.cmd.dispatch(
             p,
             &e.set,
@@ -98,6 +102,8 @@ impl Recorder<'_> {
             .kernels
             .attention_ref(push.head_dim)
             .ok_or_else(|| missing("attention"))?;
+        let need = u64::from(self.n_tok) * u64::from(push.n_heads * push.head_dim) * 4;
+        check_fits("attention", "att_out", need, self.acts.att_out.size())?;
         self.cmd.dispatch(
             attention,
             &layer.attention,
@@ -148,12 +154,17 @@ impl Recorder<'_> {
     /// they write disjoint rows, so no barrier between them).
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
         for call in calls {
-            let key = matmul_key(call, self.batch, self.model.neox, self.model.head_dim);
+            let key = matmul_key(
+                &call.variant,
+                self.batch,
+                self.model.neox,
+                self.model.head_dim,
+            );
             let p = self
                 .kernels
                 .matmul_ref(&key)
                 .ok_or_else(|| missing(&call.name))?;
-            let (n_tok, x_tok0) = if call.last_token_only {
+            let (n_tok, x_tok0) = if call.variant.last_token_only {
                 (1, self.n_tok - 1)
             } else {
                 (self.n_tok, 0)
@@ -169,9 +180,20 @@ impl Recorder<'_> {
                 eps: self.cfg.rms_eps,
                 aux_ofs: call.aux_ofs,
                 write_xg: u32::from(call.write_xg),
+                rope_neox: u32::from(key.neox),
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);
+            let need = kernels::matmul_write_bytes(
+                call.variant.out_mode,
+                call.write_xg,
+                &call.slots,
+                &push,
+                self.ctx_len,
+            );
+            for (i, (&need, &have)) in need.iter().zip(&call.out_bytes).enumerate() {
+                check_fits(&call.name, &format!("out{i}"), need, have)?;
+            }
             self.cmd
                 .dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
             if let Some((pool, names)) = self.profile.as_mut() {
@@ -201,6 +223,221 @@ impl Recorder<'_> {
     }
 }
 
+/// A dispatch that would write `need` bytes of a binding holding `have` is refused.
+fn check_fits(dispatch: &str, binding: &str, need: u64, have: u64) -> Result<(), EngineError> {
+    if need > have {
+        return Err(EngineError::DispatchOutOfBounds {
+            dispatch: dispatch.to_string(),
+            binding: binding.to_string(),
+            need,
+            have,
+        });
+    }
+    Ok(())
+}
+
 fn missing(what: &str) -> EngineError {
     EngineError::Unsupported(format!("internal: no pipeline was created for `{what}`"))
+}
+
+/// The steps of the pass as data: for each fused matmul, the weights it reads, its input
+/// and what it writes (model.rs turns each into dispatches and descriptor sets at load).
+pub(crate) mod step {
+    use std::sync::Arc;
+
+    use vk::{BufferBinding, BufferView, Descriptor};
+
+    use crate::activations::Activations;
+    use crate::kernels::{InMode, OutMode};
+    use crate::residency::TensorView;
+    use crate::views::Views;
+
+    /// What one fused matmul reads and writes, before it is split into calls.
+    pub(crate) struct MatmulSpec<'a> {
+        pub name: String,
+        pub views: Vec<&'a TensorView>,
+        pub in_mode: InMode,
+        pub out_mode: OutMode,
+        /// The dot input (xg for IN_RMSNORM).
+        pub x: Arc<BufferView>,
+        /// The raw residual the rms is taken of (IN_RMSNORM).
+        pub xr: Option<Arc<BufferView>>,
+        pub x_ld: usize,
+        /// OUT_ADD: the next norm weight (binding, float offset); out1 receives x∘aux.
+        pub aux: Option<(BufferBinding, u32)>,
+        pub outs: [Option<BufferBinding>; 3],
+        pub out_ld: usize,
+        pub last_token_only: bool,
+    }
+
+    /// One layer's weights, and the norms it folds into the next step's input.
+    pub(crate) struct LayerWeights<'w> {
+        pub qkv: [&'w TensorView; 3],
+        pub o: &'w TensorView,
+        pub gate_up: [&'w TensorView; 2],
+        pub down: &'w TensorView,
+        pub ffn_norm: (BufferBinding, u32),
+        /// The next layer's attn_norm, or output_norm after the last layer.
+        pub next_norm: (BufferBinding, u32),
+    }
+
+    /// Row lengths: dim, n_heads·head_dim, hidden_dim, vocabulary.
+    pub(crate) struct Dims {
+        pub dim: usize,
+        pub q_dim: usize,
+        pub hidden: usize,
+        pub vocab: usize,
+    }
+
+    /// q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] =
+    /// Wv·rmsnorm(x). Reads xg = x∘attn_norm and x; writes q and layer l's caches.
+    pub(crate) fn qkv<'w>(
+        l: usize,
+        w: &LayerWeights<'w>,
+        a: &Activations,
+        v: &Views,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        let caches = (a.key_cache[l].binding(), a.value_cache[l].binding());
+        MatmulSpec {
+            name: format!("blk.{l}.qkv"),
+            views: w.qkv.to_vec(),
+            in_mode: InMode::RmsNorm,
+            out_mode: OutMode::Qkv,
+            x: Arc::clone(&v.xg),
+            xr: Some(Arc::clone(&v.x)),
+            x_ld: d.dim,
+            aux: None,
+            outs: [Some(a.q.binding()), Some(caches.0), Some(caches.1)],
+            out_ld: d.q_dim,
+            last_token_only: false,
+        }
+    }
+
+    /// att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos. Reads q and the caches
+    /// (RGBA32F views `kc4`, `vc4`) and the step buffer; writes att_out.
+    pub(crate) fn attention<'v>(
+        v: &'v Views,
+        kc4: &'v BufferView,
+        vc4: &'v BufferView,
+        a: &Activations,
+    ) -> [Descriptor<'v>; 5] {
+        [
+            Descriptor::Texel(&v.q),
+            Descriptor::Texel(kc4),
+            Descriptor::Texel(vc4),
+            Descriptor::Buffer(a.att_out.binding()),
+            Descriptor::Buffer(a.step.binding()),
+        ]
+    }
+
+    /// x += Wo·att_out; xg = x∘ffn_norm. Reads att_out; writes x and xg.
+    pub(crate) fn attn_output<'w>(
+        l: usize,
+        w: &LayerWeights<'w>,
+        a: &Activations,
+        v: &Views,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        residual_add(
+            format!("blk.{l}.attn_output"),
+            w.o,
+            &v.att_out,
+            d.q_dim,
+            w.ffn_norm.clone(),
+            a,
+            d,
+        )
+    }
+
+    /// hb = silu(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x)). Reads xg = x∘ffn_norm and x;
+    /// writes hb.
+    pub(crate) fn gate_up<'w>(
+        l: usize,
+        w: &LayerWeights<'w>,
+        a: &Activations,
+        v: &Views,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        MatmulSpec {
+            name: format!("blk.{l}.gate_up"),
+            views: w.gate_up.to_vec(),
+            in_mode: InMode::RmsNorm,
+            out_mode: OutMode::Glu,
+            x: Arc::clone(&v.xg),
+            xr: Some(Arc::clone(&v.x)),
+            x_ld: d.dim,
+            aux: None,
+            outs: [Some(a.hb.binding()), None, None],
+            out_ld: d.hidden,
+            last_token_only: false,
+        }
+    }
+
+    /// x += Wdown·hb; xg = x∘(next attn_norm, or output_norm). Reads hb; writes x, xg.
+    pub(crate) fn ffn_down<'w>(
+        l: usize,
+        w: &LayerWeights<'w>,
+        a: &Activations,
+        v: &Views,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        residual_add(
+            format!("blk.{l}.ffn_down"),
+            w.down,
+            &v.hb,
+            d.hidden,
+            w.next_norm.clone(),
+            a,
+            d,
+        )
+    }
+
+    /// logits = Wout·rmsnorm(x[last]). Reads xg = x∘output_norm and x of the last token;
+    /// writes logits.
+    pub(crate) fn logits<'w>(
+        out: &'w TensorView,
+        a: &Activations,
+        v: &Views,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        MatmulSpec {
+            name: "logits".into(),
+            views: vec![out],
+            in_mode: InMode::RmsNorm,
+            out_mode: OutMode::Store,
+            x: Arc::clone(&v.xg),
+            xr: Some(Arc::clone(&v.x)),
+            x_ld: d.dim,
+            aux: None,
+            outs: [Some(a.logits.binding()), None, None],
+            out_ld: d.vocab,
+            last_token_only: true,
+        }
+    }
+
+    /// x += W·input (input rows `x_ld` floats apart); xg = x∘norm.
+    fn residual_add<'w>(
+        name: String,
+        w: &'w TensorView,
+        input: &Arc<BufferView>,
+        x_ld: usize,
+        norm: (BufferBinding, u32),
+        a: &Activations,
+        d: &Dims,
+    ) -> MatmulSpec<'w> {
+        MatmulSpec {
+            name,
+            views: vec![w],
+            in_mode: InMode::Plain,
+            out_mode: OutMode::Add,
+            x: Arc::clone(input),
+            xr: None,
+            x_ld,
+            aux: Some(norm),
+            outs: [Some(a.x.binding()), Some(a.xg.binding()), None],
+            out_ld: d.dim,
+            last_token_only: false,
+        }
+    }
 }

@@ -4,10 +4,11 @@
 //!
 //! Kernels (one `.comp` each; CPU twins in `reference::kernels`):
 //! - `embed.comp`: embedding row gather, dequantised in registers;
-//! - `matmul.comp`: `Y = W·X` over a batch of tokens, weights read in place from the GGUF
-//!   blocks (Q8_0, Q4_0, Q4_1, F16, F32), with the fusions of DESIGN.md selected by
-//!   specialisation constants: rmsnorm folded into the input, and the output stored, added
-//!   to the residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
+//! - `matmul.comp` (lanes own rows) and `matmul_split.comp` (lanes split each row's
+//!   columns, one token): `Y = W·X`, weights read in place from the GGUF blocks (Q8_0,
+//!   Q4_0, Q4_1, F16, F32), with the fusions of DESIGN.md as build-time variants
+//!   ([`Epilogue`]): rmsnorm folded into the input, and the output stored, added to the
+//!   residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
 //! - `argmax.comp`: the greedy token on the GPU.
 
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{DescriptorKind, Kernel, Pipeline, PipelineDesc};
+use vk::{Kernel, Pipeline, PipelineDesc};
 
 use crate::EngineError;
 
@@ -63,8 +64,10 @@ pub struct MatmulPush {
     pub aux_ofs: u32,
     /// OUT_ADD: also write `out1 = x * aux` (the next rmsnorm's input), when non-zero.
     pub write_xg: u32,
+    /// OUT_QKV: rope pairs `(i, i + head_dim/2)` (neox) when non-zero, else `(2i, 2i+1)`.
+    pub rope_neox: u32,
 }
-const _: () = assert!(std::mem::size_of::<MatmulPush>() == 104);
+const _: () = assert!(std::mem::size_of::<MatmulPush>() == 108);
 
 /// Push constants of `embed.comp`.
 #[repr(C)]
@@ -92,6 +95,10 @@ pub struct AttentionPush {
 }
 const _: () = assert!(std::mem::size_of::<AttentionPush>() == 16);
 
+/// Set in `argmax.comp`'s result word when the logits row held a NaN or an infinity
+/// (the low 31 bits are the index).
+pub const ARGMAX_NON_FINITE: u32 = 1 << 31;
+
 /// Push constants of `argmax.comp`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -99,7 +106,7 @@ pub struct ArgmaxPush {
     pub n: u32,
 }
 
-/// How `matmul.comp` reads its input (spec constant `IN_MODE`).
+/// How the matmul kernels read their input (define `IN_RMSNORM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InMode {
     /// `X` as is.
@@ -108,7 +115,7 @@ pub enum InMode {
     RmsNorm = 1,
 }
 
-/// What `matmul.comp` does with its result (spec constant `OUT_MODE`).
+/// What the matmul kernels do with their result (define `OUT_MODE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OutMode {
     /// `out0 = Y`.
@@ -122,30 +129,67 @@ pub enum OutMode {
     Glu = 3,
 }
 
-/// One `matmul.comp` pipeline: weight type and specialisation constants.
+/// One matmul pipeline: the build-time variant (weight type, epilogue, tokens per
+/// invocation, column split) and the two specialisation constants left (workgroup size
+/// and pairs per invocation: loop bounds only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulKey {
     pub wtype: GgmlType,
     pub in_mode: InMode,
     pub out_mode: OutMode,
+    /// Rope pairs `(i, i + head_dim/2)` (OUT_QKV only): a push-constant flag, in the key
+    /// because a workgroup must then hold whole heads (it sets `pairs`).
     pub neox: bool,
-    pub n_views: u32,
-    /// Every view is read through binding 0 (at its own word offset): spares the
-    /// per-view branches, which lavapipe executes for every view (masked), not just the
-    /// workgroup's own.
-    pub shared_w: bool,
     /// Invocations per workgroup.
     pub wg: u32,
     /// Row pairs per invocation.
     pub pairs: u32,
-    /// Tokens per invocation.
+    /// Tokens per invocation (1 or 4: [`MATMUL_TB`]).
     pub tb: u32,
-    /// Row pairs computed in lockstep, sharing each input fetch (1..4, divides `pairs`).
-    pub group: u32,
-    /// Chunks (64 columns) per row when the lanes split each row's columns instead of
-    /// owning rows (one token only; see `matmul.comp`), from [`Kernels::column_split`];
-    /// 0: lanes own rows.
-    pub split_chunks: u32,
+    /// Whole rounds of `wg` chunks (64 columns) per row when the lanes split each row's
+    /// columns instead of owning rows (one token only; `matmul_split.comp`'s `SPLIT_K`),
+    /// from [`Kernels::column_split`]; 0: lanes own rows.
+    pub split_k: u32,
+}
+
+/// Tokens per invocation the row-per-lane matmul is built for (crates/vk/build.rs).
+pub const MATMUL_TB: [u32; 2] = [1, 4];
+
+/// The fused steps the matmul kernels are built for (the `EPILOGUES` of
+/// crates/vk/build.rs): each an input mode with an output mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// rmsnorm in; rope q and k, q to out0, k and v to the caches.
+    Qkv,
+    /// Plain in; added to the residual.
+    Add,
+    /// rmsnorm in; SwiGLU of gate and up.
+    Glu,
+    /// rmsnorm in; stored (the logits).
+    Logits,
+}
+
+impl Epilogue {
+    /// The epilogue of an (input, output) mode pair, if one is built.
+    pub fn of(in_mode: InMode, out_mode: OutMode) -> Option<Epilogue> {
+        match (in_mode, out_mode) {
+            (InMode::RmsNorm, OutMode::Qkv) => Some(Epilogue::Qkv),
+            (InMode::Plain, OutMode::Add) => Some(Epilogue::Add),
+            (InMode::RmsNorm, OutMode::Glu) => Some(Epilogue::Glu),
+            (InMode::RmsNorm, OutMode::Store) => Some(Epilogue::Logits),
+            _ => None,
+        }
+    }
+
+    /// The variant's name in crates/vk/build.rs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Epilogue::Qkv => "qkv",
+            Epilogue::Add => "add",
+            Epilogue::Glu => "glu",
+            Epilogue::Logits => "logits",
+        }
+    }
 }
 
 impl MatmulKey {
@@ -155,6 +199,32 @@ impl MatmulKey {
             OutMode::Glu => self.wg * self.pairs,
             _ => 2 * self.wg * self.pairs,
         }
+    }
+
+    /// The compiled variant this key runs: `matmul.<type>.tb<TB>.<epilogue>` or
+    /// `matmul_split.<type>.k<SPLIT_K>.<epilogue>`.
+    pub fn kernel(&self) -> Result<Kernel, EngineError> {
+        let epi = Epilogue::of(self.in_mode, self.out_mode).ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "a matmul with input {:?} and output {:?} (built: qkv, add, glu, logits)",
+                self.in_mode, self.out_mode
+            ))
+        })?;
+        if !supported_weight_type(self.wtype) {
+            return Err(EngineError::Unsupported(format!(
+                "weights of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
+                self.wtype.name()
+            )));
+        }
+        let ty = self.wtype.name().to_ascii_lowercase();
+        let name = if self.split_k > 0 {
+            format!("matmul_split.{ty}.k{}.{}", self.split_k, epi.name())
+        } else {
+            format!("matmul.{ty}.tb{}.{}", self.tb, epi.name())
+        };
+        Kernel::by_name(&name).ok_or_else(|| {
+            EngineError::Unsupported(format!("the matmul variant `{name}` (not built)"))
+        })
     }
 }
 
@@ -193,6 +263,49 @@ pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> 
     [push.tiles[2], push.n_tok.div_ceil(key.tb), 1]
 }
 
+/// Bytes each output binding (out0, out1, out2) of a matmul dispatch writes up to, for
+/// the rows of `slots` and the tokens of `push` (the caches: any position below
+/// `ctx_len`). The recorder compares them with the bound ranges, so a dispatch never
+/// writes past a buffer (robustBufferAccess is off: that would be undefined behaviour).
+pub fn matmul_write_bytes(
+    out_mode: OutMode,
+    write_xg: bool,
+    slots: &[Slot],
+    push: &MatmulPush,
+    ctx_len: usize,
+) -> [u64; 3] {
+    // one past the last global row written through slot `slot` (any slot: None)
+    let end = |slot: Option<usize>| {
+        slots
+            .iter()
+            .filter(|s| slot.is_none() || slot == Some(s.slot))
+            .map(|s| u64::from(s.orow) + u64::from(s.nrows))
+            .max()
+            .unwrap_or(0)
+    };
+    // bytes up to row `end` of token row `n - 1`, rows `ld` floats apart
+    let bytes = |n: u64, ld: u32, end: u64| {
+        if end == 0 || n == 0 {
+            0
+        } else {
+            ((n - 1) * u64::from(ld) + end) * 4
+        }
+    };
+    let n_tok = u64::from(push.n_tok);
+    match out_mode {
+        OutMode::Store | OutMode::Glu => [bytes(n_tok, push.out_ld, end(Some(0))), 0, 0],
+        OutMode::Add => {
+            let o = bytes(n_tok, push.out_ld, end(None));
+            [o, if write_xg { o } else { 0 }, 0]
+        }
+        OutMode::Qkv => [
+            bytes(n_tok, push.out_ld, end(Some(0))),
+            bytes(ctx_len as u64, push.kv_ld, end(Some(1))),
+            bytes(ctx_len as u64, push.kv_ld, end(Some(2))),
+        ],
+    }
+}
+
 /// Whether the matmul and embedding kernels read this weight type.
 pub fn supported_weight_type(ty: GgmlType) -> bool {
     matches!(
@@ -212,87 +325,28 @@ pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     }
 }
 
-/// The matmul kernel for weights of `ty`: the column-split variant (subgroup arithmetic)
-/// or the row-per-lane one, which needs no subgroup operations.
-fn matmul_kernel(ty: GgmlType, split: bool) -> Result<Kernel, EngineError> {
-    Ok(match (ty, split) {
-        (GgmlType::Q8_0, false) => Kernel::MatmulQ8_0,
-        (GgmlType::Q4_0, false) => Kernel::MatmulQ4_0,
-        (GgmlType::Q4_1, false) => Kernel::MatmulQ4_1,
-        (GgmlType::F16, false) => Kernel::MatmulF16,
-        (GgmlType::F32, false) => Kernel::MatmulF32,
-        (GgmlType::Q8_0, true) => Kernel::MatmulQ8_0Split,
-        (GgmlType::Q4_0, true) => Kernel::MatmulQ4_0Split,
-        (GgmlType::Q4_1, true) => Kernel::MatmulQ4_1Split,
-        (GgmlType::F16, true) => Kernel::MatmulF16Split,
-        (GgmlType::F32, true) => Kernel::MatmulF32Split,
-        (other, _) => {
-            return Err(EngineError::Unsupported(format!(
-                "weights of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
-                other.name()
-            )))
-        }
-    })
-}
-
+/// The embedding kernel for a table of type `ty`: `embed.<type>`.
 fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
-    Ok(match ty {
-        GgmlType::Q8_0 => Kernel::EmbedQ8_0,
-        GgmlType::Q4_0 => Kernel::EmbedQ4_0,
-        GgmlType::Q4_1 => Kernel::EmbedQ4_1,
-        GgmlType::F16 => Kernel::EmbedF16,
-        GgmlType::F32 => Kernel::EmbedF32,
-        other => {
-            return Err(EngineError::Unsupported(format!(
+    let name = format!("embed.{}", ty.name().to_ascii_lowercase());
+    match Kernel::by_name(&name) {
+        Some(k) if supported_weight_type(ty) => Ok(k),
+        _ => Err(EngineError::Unsupported(format!(
             "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
-            other.name()
-        )))
-        }
-    })
+            ty.name()
+        ))),
+    }
 }
 
-/// Most chunks per lane per row the column-split matmul unrolls (`matmul.comp`).
+/// Most chunks per lane per row the column-split matmul unrolls (its largest `SPLIT_K`).
 pub const SPLIT_MAX_CHUNKS_PER_LANE: u32 = 4;
 
-/// Bindings of `matmul.comp`: w0, w1, w2, x, aux, out0, out1, out2, step, xr.
-pub const MATMUL_BINDINGS: u32 = 10;
-/// Descriptor kinds of `matmul.comp`: weights (in [`weight_texel_format`]), x and xr
-/// (RGBA32F) are texel buffers.
-pub const MATMUL_KINDS: [DescriptorKind; 10] = [
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::UniformTexelBuffer,
-];
+/// Bindings of the matmul kernels: w0, w1, x, aux, out0, out1, out2, step, xr
+/// (weights, x and xr are texel buffers: their kinds come from the SPIR-V).
+pub const MATMUL_BINDINGS: u32 = 9;
 /// Bindings of `embed.comp`: w0, w1, w2, x, step, xg, g.
 pub const EMBED_BINDINGS: u32 = 7;
-/// Descriptor kinds of `embed.comp`: the table parts are texel buffers.
-pub const EMBED_KINDS: [DescriptorKind; 7] = [
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-];
 /// Bindings of `attention.comp`: q, k cache, v cache, out, step.
 pub const ATTENTION_BINDINGS: u32 = 5;
-/// Descriptor kinds of `attention.comp`: q and the caches are RGBA32F texel buffers (so
-/// the head dimension must be a multiple of 4).
-pub const ATTENTION_KINDS: [DescriptorKind; 5] = [
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::UniformTexelBuffer,
-    DescriptorKind::StorageBuffer,
-    DescriptorKind::StorageBuffer,
-];
 /// Largest head dimension `attention.comp` is built for (it keeps q and the running
 /// output of a head in registers).
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 256;
@@ -339,26 +393,28 @@ impl Kernels {
         })
     }
 
-    /// `split_chunks` for a one-token matmul over `ncols` columns with `wg` lanes: the
-    /// row's chunk count where the lanes can split it (one subgroup per workgroup with
-    /// subgroup arithmetic in compute, and 1 to [`SPLIT_MAX_CHUNKS_PER_LANE`] chunks per
-    /// lane, which the kernel unrolls), otherwise 0 (lanes own rows).
+    /// [`MatmulKey::split_k`] for a one-token matmul over `ncols` columns with `wg`
+    /// lanes: the whole rounds of `wg` chunks in a row where the lanes can split it (one
+    /// subgroup per workgroup with subgroup arithmetic in compute, and 1 to
+    /// [`SPLIT_MAX_CHUNKS_PER_LANE`] chunks per lane, which the kernel unrolls), otherwise
+    /// 0 (lanes own rows).
     pub fn column_split(&self, wg: u32, ncols: u32) -> u32 {
         let chunks = ncols / CHUNK as u32;
-        if self.column_split && self.can_split(wg, chunks) {
-            chunks
-        } else {
-            0
+        if self.column_split && self.can_split(wg) && wg > 0 {
+            let k = chunks / wg;
+            if (1..=SPLIT_MAX_CHUNKS_PER_LANE).contains(&k) {
+                return k;
+            }
         }
+        0
     }
 
-    /// Whether `wg` lanes can split rows of `chunks` chunks on this device.
-    fn can_split(&self, wg: u32, chunks: u32) -> bool {
+    /// Whether `wg` lanes (one subgroup) can split rows on this device.
+    fn can_split(&self, wg: u32) -> bool {
         let caps = self.ctx.caps();
-        let subgroups = caps.subgroup_in_compute
+        caps.subgroup_in_compute
             && caps.subgroup_operations.contains(&"arithmetic")
-            && caps.subgroup_size >= wg;
-        subgroups && wg > 0 && (1..=SPLIT_MAX_CHUNKS_PER_LANE).contains(&(chunks / wg))
+            && caps.subgroup_size >= wg
     }
 
     /// Turns the column split off (every matmul built afterwards has lanes own rows):
@@ -376,7 +432,7 @@ impl Kernels {
             )));
         }
         if !self.attention.contains_key(&head_dim) {
-            let p = Pipeline::with_kinds(
+            let p = Pipeline::new(
                 &self.ctx,
                 &PipelineDesc {
                     kernel: Kernel::Attention,
@@ -384,7 +440,6 @@ impl Kernels {
                     push_size: std::mem::size_of::<AttentionPush>() as u32,
                     spec: vec![ATTENTION_WG, head_dim / 4],
                 },
-                &ATTENTION_KINDS,
             )?;
             self.attention.insert(head_dim, p);
         }
@@ -398,33 +453,23 @@ impl Kernels {
 
     /// The matmul pipeline for `key`, created on first request.
     pub fn matmul(&mut self, key: MatmulKey) -> Result<&Pipeline, EngineError> {
-        if key.split_chunks > 0 && (key.tb != 1 || !self.can_split(key.wg, key.split_chunks)) {
+        if key.split_k > 0
+            && (key.tb != 1 || key.split_k > SPLIT_MAX_CHUNKS_PER_LANE || !self.can_split(key.wg))
+        {
             return Err(EngineError::Unsupported(format!(
-                "a column-split matmul of {} chunks per row with {} lanes and {} tokens (see Kernels::column_split)",
-                key.split_chunks, key.wg, key.tb
+                "a column-split matmul of {} rounds of {} lanes and {} tokens (see Kernels::column_split)",
+                key.split_k, key.wg, key.tb
             )));
         }
         if !self.matmul.contains_key(&key) {
-            let p = Pipeline::with_kinds(
+            let p = Pipeline::new(
                 &self.ctx,
                 &PipelineDesc {
-                    kernel: matmul_kernel(key.wtype, key.split_chunks > 0)?,
+                    kernel: key.kernel()?,
                     n_bindings: MATMUL_BINDINGS,
                     push_size: std::mem::size_of::<MatmulPush>() as u32,
-                    spec: vec![
-                        key.wg,
-                        key.pairs,
-                        key.tb,
-                        key.in_mode as u32,
-                        key.out_mode as u32,
-                        u32::from(key.neox),
-                        key.n_views,
-                        u32::from(key.shared_w),
-                        key.group,
-                        key.split_chunks,
-                    ],
+                    spec: vec![key.wg, key.pairs],
                 },
-                &MATMUL_KINDS,
             )?;
             self.matmul.insert(key, p);
         }
@@ -439,7 +484,7 @@ impl Kernels {
     /// The embedding pipeline for a table of type `ty`, created on first request.
     pub fn embed(&mut self, ty: GgmlType) -> Result<&Pipeline, EngineError> {
         if !self.embed.contains_key(&ty) {
-            let p = Pipeline::with_kinds(
+            let p = Pipeline::new(
                 &self.ctx,
                 &PipelineDesc {
                     kernel: embed_kernel(ty)?,
@@ -447,7 +492,6 @@ impl Kernels {
                     push_size: std::mem::size_of::<EmbedPush>() as u32,
                     spec: vec![EMBED_WG],
                 },
-                &EMBED_KINDS,
             )?;
             self.embed.insert(ty, p);
         }
@@ -470,4 +514,58 @@ pub fn rope_freqs(base: f32, head_dim: usize) -> Vec<f32> {
     (0..head_dim / 2)
         .map(|i| f64::from(base).powf(-2.0 * i as f64 / head_dim as f64) as f32)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(slot: usize, nrows: u32, orow: u32) -> Slot {
+        Slot {
+            slot,
+            nrows,
+            wofs: 0,
+            orow,
+        }
+    }
+
+    /// What a dispatch writes: token rows of out0 up to its last row, the caches up to the
+    /// last position of the context, and x∘g only when asked for.
+    #[test]
+    fn matmul_write_bytes_cover_the_last_row_written() {
+        let push = MatmulPush {
+            n_tok: 3,
+            out_ld: 576,
+            kv_ld: 192,
+            ..MatmulPush::default()
+        };
+        let qkv = [slot(0, 576, 0), slot(1, 192, 0), slot(2, 192, 0)];
+        assert_eq!(
+            matmul_write_bytes(OutMode::Qkv, false, &qkv, &push, 100),
+            [
+                (2 * 576 + 576) * 4,
+                (99 * 192 + 192) * 4,
+                (99 * 192 + 192) * 4
+            ]
+        );
+        // a row-range part ending at row 400 of 576: its token rows end there
+        let part = [slot(0, 100, 300)];
+        assert_eq!(
+            matmul_write_bytes(OutMode::Add, true, &part, &push, 100),
+            [(2 * 576 + 400) * 4, (2 * 576 + 400) * 4, 0]
+        );
+        assert_eq!(
+            matmul_write_bytes(OutMode::Add, false, &part, &push, 100)[1],
+            0
+        );
+        let one = MatmulPush {
+            n_tok: 1,
+            out_ld: 49152,
+            ..MatmulPush::default()
+        };
+        assert_eq!(
+            matmul_write_bytes(OutMode::Store, false, &[slot(0, 49152, 0)], &one, 8),
+            [49152 * 4, 0, 0]
+        );
+    }
 }

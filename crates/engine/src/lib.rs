@@ -18,11 +18,14 @@ pub use residency::{
     TensorView, ViewPart, Weights, WeightsMode,
 };
 
+pub mod activations;
 pub mod forward;
 pub mod kernels;
 pub mod model;
 pub mod pagecache;
+pub mod profile;
 pub mod sampling;
 pub mod session;
+mod views;
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};

@@ -15,15 +15,14 @@ use arch::{Arch, Config, RopeMode};
 use gguf::GgmlType;
 use std::sync::Arc;
 
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet, TexelFormat};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet};
 
+use crate::activations::Activations;
+use crate::forward::step::{self, Dims, LayerWeights, MatmulSpec};
 use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
 use crate::residency::{TensorView, ViewPart, Weights};
-use crate::session::Activations;
+use crate::views::Views;
 use crate::EngineError;
-
-/// A texel view spanning several weight parts, and each part's byte offset inside it.
-type SpanningView = (Arc<BufferView>, Vec<u64>);
 
 /// Workgroup shape of one kind of batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +30,6 @@ pub struct MatmulShape {
     pub wg: u32,
     pub pairs: u32,
     pub tb: u32,
-    /// Row pairs in lockstep (see [`MatmulKey::group`]).
-    pub group: u32,
 }
 
 /// One token at a time (decode) vs a batch of prompt tokens (prefill).
@@ -45,12 +42,11 @@ pub enum Batch {
 /// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
 /// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
 /// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs; four pairs measured no
-/// faster and doubled the pipelines' compile time).
+/// faster and doubled the pipelines' compile time: `GROUP` in matmul.comp).
 pub const DECODE_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 8,
     tb: 1,
-    group: 2,
 };
 /// Prefill: each weight chunk loaded is used for 4 tokens (two pairs in lockstep: about
 /// 60 against 50 tok/s over a 200-token prompt).
@@ -58,30 +54,37 @@ pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 4,
     tb: 4,
-    group: 2,
 };
 
-/// One `matmul.comp` dispatch (per batch kind the pipeline differs only in shape).
+/// What selects a matmul dispatch's pipeline, apart from the batch kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulVariant {
+    pub wtype: GgmlType,
+    pub in_mode: InMode,
+    pub out_mode: OutMode,
+    /// Reads only the last token of the batch (the logits).
+    pub last_token_only: bool,
+    /// `MatmulKey::split_k` of the one-token pipeline (0: lanes own rows).
+    pub split_k: u32,
+}
+
+/// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
+/// it reads lies in binding 0 at its own word offset (one texel view spanning q, k and v,
+/// or a dispatch per view), except gate/up (bindings 0 and 1).
 pub struct MatmulCall {
     pub name: String,
     pub set: DescriptorSet,
     pub slots: Vec<Slot>,
-    pub wtype: GgmlType,
-    pub in_mode: InMode,
-    pub out_mode: OutMode,
-    pub n_views: u32,
-    /// All views read through binding 0 (see [`MatmulKey::shared_w`]).
-    pub shared_w: bool,
+    pub variant: MatmulVariant,
     pub ncols: u32,
     pub x_ld: u32,
     pub out_ld: u32,
     pub aux_ofs: u32,
     /// OUT_ADD: also write x∘aux (the next rmsnorm's input) into out1.
     pub write_xg: bool,
-    /// Reads only the last token of the batch (the logits).
-    pub last_token_only: bool,
-    /// `MatmulKey::split_chunks` of the one-token pipeline (0: lanes own rows).
-    pub split_chunks: u32,
+    /// Bytes bound at out0, out1, out2 (checked against what a dispatch writes when it
+    /// is recorded: [`kernels::matmul_write_bytes`]).
+    pub out_bytes: [u64; 3],
 }
 
 /// The dispatches of one decoder layer.
@@ -115,204 +118,29 @@ pub struct GpuModel {
     pub views: Vec<Arc<BufferView>>,
 }
 
-fn format_bytes(f: TexelFormat) -> u64 {
-    match f {
-        TexelFormat::R32Uint => 4,
-        TexelFormat::Rgba32Uint | TexelFormat::Rgba32Float => 16,
-    }
-}
-
-/// Texel views shared by the dispatches of the graph.
-struct Views {
-    ctx: Arc<vk::Context>,
-    /// R32UI view of 16 bytes for weight slots a dispatch does not use.
-    dummy_w: Arc<BufferView>,
-    /// RGBA32F views of the activations read as matmul input.
-    x: Arc<BufferView>,
-    xg: Arc<BufferView>,
-    q: Arc<BufferView>,
-    att_out: Arc<BufferView>,
-    hb: Arc<BufferView>,
-    all: Vec<Arc<BufferView>>,
-}
-
-impl Views {
-    fn new(ctx: &Arc<vk::Context>, acts: &Activations) -> Result<Views, EngineError> {
-        let f = |b: &vk::Buffer| {
-            BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).map(Arc::new)
-        };
-        let dummy_w = Arc::new(BufferView::new(
-            ctx,
-            acts.dummy.binding(),
-            TexelFormat::R32Uint,
-        )?);
-        let (x, xg, att_out, hb) = (f(&acts.x)?, f(&acts.xg)?, f(&acts.att_out)?, f(&acts.hb)?);
-        let q = f(&acts.q)?;
-        let all = vec![
-            Arc::clone(&dummy_w),
-            Arc::clone(&x),
-            Arc::clone(&xg),
-            Arc::clone(&q),
-            Arc::clone(&att_out),
-            Arc::clone(&hb),
-        ];
-        Ok(Views {
-            ctx: Arc::clone(ctx),
-            dummy_w,
-            x,
-            xg,
-            q,
-            att_out,
-            hb,
-            all,
-        })
-    }
-
-    /// An RGBA32F view of an activation or cache buffer (kept alive by the model).
-    fn rgba(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
-        let v = Arc::new(BufferView::new(
-            &self.ctx,
-            binding,
-            TexelFormat::Rgba32Float,
-        )?);
-        self.all.push(Arc::clone(&v));
-        Ok(v)
-    }
-
-    /// The texel view of a weight part (kept alive by the model): RGBA32UI for Q8_0 (read
-    /// as 16-byte texels), R32UI otherwise (see [`kernels::weight_texel_format`]).
-    fn weights(
-        &mut self,
-        ty: GgmlType,
-        p: &ViewPart,
-        row_bytes: u64,
-    ) -> Result<Arc<BufferView>, EngineError> {
-        let format = kernels::weight_texel_format(ty);
-        let v = Arc::new(BufferView::new(&self.ctx, p.binding.clone(), format)?);
-        // whole texels: the part's last bytes must not fall in a partial texel
-        let end = p.byte_offset + p.n_rows * row_bytes;
-        if v.texels() * format_bytes(format) < end {
-            return Err(EngineError::Unsupported(format!(
-                "a {} weight part ending at byte {end} of a {}-byte binding that is not a whole number of {}-byte texels",
-                ty.name(),
-                p.binding.range,
-                format_bytes(format)
-            )));
-        }
-        self.all.push(Arc::clone(&v));
-        Ok(v)
-    }
-
-    /// One texel view spanning every part of `parts` (each with its tensor's row bytes),
-    /// and each part's byte offset inside it; `None` when they lie in different buffers
-    /// or the span exceeds `maxTexelBufferElements`.
-    fn spanning(
-        &mut self,
-        ty: GgmlType,
-        parts: &[(&ViewPart, u64)],
-    ) -> Result<Option<SpanningView>, EngineError> {
-        let Some(&(first, _)) = parts.first() else {
-            return Ok(None);
-        };
-        if parts
-            .iter()
-            .any(|(p, _)| p.binding.buffer != first.binding.buffer)
-        {
-            return Ok(None);
-        }
-        let format = kernels::weight_texel_format(ty);
-        let texel = format_bytes(format);
-        let (align, max_texels) = self.ctx.texel_limits();
-        let start = parts
-            .iter()
-            .map(|(p, _)| p.binding.offset)
-            .min()
-            .unwrap_or(0);
-        let start = start - start % align.max(1);
-        let end = parts
-            .iter()
-            .map(|(p, rb)| p.binding.offset + p.byte_offset + p.n_rows * rb)
-            .max()
-            .unwrap_or(start);
-        let texels = (end - start).div_ceil(texel);
-        if texels > u64::from(max_texels) {
-            return Ok(None);
-        }
-        // whole texels, none past the end of the parts' own bindings
-        let limit = parts
-            .iter()
-            .map(|(p, _)| p.binding.offset + p.binding.range)
-            .max()
-            .unwrap_or(start);
-        if start + texels * texel > limit {
-            return Ok(None);
-        }
-        let binding = BufferBinding {
-            buffer: first.binding.buffer.clone(),
-            offset: start,
-            range: texels * texel,
-        };
-        let v = Arc::new(BufferView::new(&self.ctx, binding, format)?);
-        self.all.push(Arc::clone(&v));
-        let offsets = parts
-            .iter()
-            .map(|(p, _)| p.binding.offset - start + p.byte_offset)
-            .collect();
-        Ok(Some((v, offsets)))
-    }
-}
-
-/// The matmul pipeline key of `call` for a batch kind.
-pub fn matmul_key(call: &MatmulCall, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
-    key_of(
-        call.wtype,
-        call.in_mode,
-        call.out_mode,
-        call.n_views,
-        call.shared_w,
-        call.last_token_only,
-        call.split_chunks,
-        batch,
-        neox,
-        head_dim,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn key_of(
-    wtype: GgmlType,
-    in_mode: InMode,
-    out_mode: OutMode,
-    n_views: u32,
-    shared_w: bool,
-    last_token_only: bool,
-    split_chunks: u32,
-    batch: Batch,
-    neox: bool,
-    head_dim: u32,
-) -> MatmulKey {
+/// The matmul pipeline key of a dispatch of variant `v` for a batch kind.
+pub fn matmul_key(v: &MatmulVariant, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
+    let call = v;
     let shape = match batch {
-        Batch::Prefill if !last_token_only => PREFILL_SHAPE,
+        Batch::Prefill if !call.last_token_only => PREFILL_SHAPE,
         _ => DECODE_SHAPE,
     };
-    let mut pairs = shape.pairs;
-    let qkv_neox = out_mode == OutMode::Qkv && neox;
-    if qkv_neox {
+    let qkv_neox = call.out_mode == OutMode::Qkv && neox;
+    let pairs = if qkv_neox {
         // a workgroup must hold whole heads so that both rows of a pair are its own
-        pairs = (head_dim / (2 * shape.wg)).max(1);
-    }
+        (head_dim / (2 * shape.wg)).max(1)
+    } else {
+        shape.pairs
+    };
     MatmulKey {
-        wtype,
-        in_mode,
-        out_mode,
+        wtype: call.wtype,
+        in_mode: call.in_mode,
+        out_mode: call.out_mode,
         neox: qkv_neox,
-        n_views,
-        shared_w,
         wg: shape.wg,
         pairs,
         tb: shape.tb,
-        group: shape.group.min(pairs),
-        split_chunks: if shape.tb == 1 { split_chunks } else { 0 },
+        split_k: if shape.tb == 1 { call.split_k } else { 0 },
     }
 }
 
@@ -395,25 +223,6 @@ fn vector(weights: &Weights, name: &str, n: usize) -> Result<(BufferBinding, u32
     Ok((p.binding.clone(), to_u32(p.byte_offset / 4, "norm offset")?))
 }
 
-/// What one fused matmul reads and writes, before it is split into calls.
-struct MatmulSpec<'a> {
-    name: String,
-    views: Vec<&'a TensorView>,
-    in_mode: InMode,
-    out_mode: OutMode,
-    n_views: u32,
-    /// The dot input (xg for IN_RMSNORM).
-    x: Arc<BufferView>,
-    /// The raw residual the rms is taken of (IN_RMSNORM).
-    xr: Option<Arc<BufferView>>,
-    x_ld: usize,
-    /// OUT_ADD: the next norm weight; with it, out1 receives x∘aux.
-    aux: Option<(BufferBinding, u32)>,
-    outs: [Option<BufferBinding>; 3],
-    out_ld: usize,
-    last_token_only: bool,
-}
-
 impl GpuModel {
     /// Binds every dispatch and creates every pipeline they need.
     pub fn build(
@@ -432,11 +241,6 @@ impl GpuModel {
         if cfg.arch == Arch::Qwen2 {
             return Err(EngineError::Unsupported(
                 "architecture qwen2 (q/k/v biases) on the GPU: only llama is wired so far".into(),
-            ));
-        }
-        if cfg.rope_freqs || cfg.rope_scale != 1.0 {
-            return Err(EngineError::Unsupported(
-                "RoPE scaling (rope_freqs.weight or rope.scaling.factor) on the GPU".into(),
             ));
         }
         let neox = cfg.rope_mode == RopeMode::Neox;
@@ -458,8 +262,20 @@ impl GpuModel {
                 "neox rope with head_dim {hd} (a multiple of 16 is needed)"
             )));
         }
+        if cfg.vocab_size as u64 >= u64::from(kernels::ARGMAX_NON_FINITE) {
+            return Err(EngineError::Unsupported(format!(
+                "a vocabulary of {} tokens (the GPU argmax carries up to 2^31 - 1)",
+                cfg.vocab_size
+            )));
+        }
         let (dim, hidden, q_dim, kv_dim) =
             (cfg.dim, cfg.hidden_dim, cfg.n_heads * hd, cfg.kv_dim());
+        let d = Dims {
+            dim,
+            q_dim,
+            hidden,
+            vocab: cfg.vocab_size,
+        };
         let dummy = acts.dummy.binding();
         let head_dim = to_u32(hd as u64, "head_dim")?;
         let mut views = Views::new(ctx, acts)?;
@@ -487,73 +303,28 @@ impl GpuModel {
             };
             let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
 
-            let qkv = MatmulSpec {
-                name: format!("blk.{l}.qkv"),
-                views: vec![q, k, v],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Qkv,
-                n_views: 3,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.q.binding()), Some(kc.clone()), Some(vc.clone())],
-                out_ld: q_dim,
-                last_token_only: false,
+            let lw = LayerWeights {
+                qkv: [q, k, v],
+                o,
+                gate_up: [gate, up],
+                down,
+                ffn_norm,
+                next_norm,
             };
             let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
-            let attention = kernels.attention(head_dim)?.descriptor_set_with(&[
-                Descriptor::Texel(&views.q),
-                Descriptor::Texel(&kc4),
-                Descriptor::Texel(&vc4),
-                Descriptor::Buffer(acts.att_out.binding()),
-                Descriptor::Buffer(acts.step.binding()),
-            ])?;
-            let attn_output = MatmulSpec {
-                name: format!("blk.{l}.attn_output"),
-                views: vec![o],
-                in_mode: InMode::Plain,
-                out_mode: OutMode::Add,
-                n_views: 1,
-                x: Arc::clone(&views.att_out),
-                xr: None,
-                x_ld: q_dim,
-                aux: Some(ffn_norm),
-                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
-                out_ld: dim,
-                last_token_only: false,
-            };
-            let gate_up = MatmulSpec {
-                name: format!("blk.{l}.gate_up"),
-                views: vec![gate, up],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Glu,
-                n_views: 2,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.hb.binding()), None, None],
-                out_ld: hidden,
-                last_token_only: false,
-            };
-            let ffn_down = MatmulSpec {
-                name: format!("blk.{l}.ffn_down"),
-                views: vec![down],
-                in_mode: InMode::Plain,
-                out_mode: OutMode::Add,
-                n_views: 1,
-                x: Arc::clone(&views.hb),
-                xr: None,
-                x_ld: hidden,
-                aux: Some(next_norm),
-                outs: [Some(acts.x.binding()), Some(acts.xg.binding()), None],
-                out_ld: dim,
-                last_token_only: false,
-            };
-            let mut build = |s: MatmulSpec| {
-                matmul_calls(s, dummy.clone(), acts, kernels, &mut views, neox, head_dim)
-            };
+            let attention = kernels
+                .attention(head_dim)?
+                .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts))?;
+            let (qkv, attn_output) = (
+                step::qkv(l, &lw, acts, &views, &d),
+                step::attn_output(l, &lw, acts, &views, &d),
+            );
+            let (gate_up, ffn_down) = (
+                step::gate_up(l, &lw, acts, &views, &d),
+                step::ffn_down(l, &lw, acts, &views, &d),
+            );
+            let mut build =
+                |s: MatmulSpec| matmul_calls(s, &dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
                 qkv: build(qkv)?,
                 attention,
@@ -570,21 +341,8 @@ impl GpuModel {
         };
         let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
         let logits = matmul_calls(
-            MatmulSpec {
-                name: "logits".into(),
-                views: vec![out_view],
-                in_mode: InMode::RmsNorm,
-                out_mode: OutMode::Store,
-                n_views: 1,
-                x: Arc::clone(&views.xg),
-                xr: Some(Arc::clone(&views.x)),
-                x_ld: dim,
-                aux: None,
-                outs: [Some(acts.logits.binding()), None, None],
-                out_ld: cfg.vocab_size,
-                last_token_only: true,
-            },
-            dummy,
+            step::logits(out_view, acts, &views, &d),
+            &dummy,
             acts,
             kernels,
             &mut views,
@@ -657,11 +415,12 @@ fn embed_call(
     })
 }
 
-/// Splits a fused matmul into dispatches: one when every view has the same type and is
-/// a single part, else one per (view, part) (the gate/up pair needs matching parts).
+/// Splits a fused matmul into dispatches: one when every view has the same type, is a
+/// single part and one texel view spans them all (q/k/v read through binding 0), else one
+/// per (view, part) (gate/up: one per pair of matching parts, in bindings 0 and 1).
 fn matmul_calls(
     spec: MatmulSpec<'_>,
-    dummy: BufferBinding,
+    dummy: &BufferBinding,
     acts: &Activations,
     kernels: &mut Kernels,
     views: &mut Views,
@@ -669,20 +428,11 @@ fn matmul_calls(
     head_dim: u32,
 ) -> Result<Vec<MatmulCall>, EngineError> {
     let ncols = spec.views[0].shape[0];
-    let split_chunks = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
-    let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
-    let whole = spec.views.iter().all(|v| v.parts.len() == 1);
-    // groups of (slot, view, part index) sharing one dispatch
-    let mut groups: Vec<Vec<(usize, &TensorView, usize)>> = Vec::new();
-    if same_type && whole {
-        groups.push(
-            spec.views
-                .iter()
-                .enumerate()
-                .map(|(s, v)| (s, *v, 0))
-                .collect(),
-        );
-    } else if spec.out_mode == OutMode::Glu {
+    let split_k = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
+    // (slot, weight view in binding 0 or 1, word offset, part) per dispatch
+    type Member<'p> = (usize, Arc<BufferView>, u64, &'p ViewPart);
+    let mut groups: Vec<Vec<Member<'_>>> = Vec::new();
+    if spec.out_mode == OutMode::Glu {
         let (g, u) = (spec.views[0], spec.views[1]);
         let aligned = g.ty == u.ty
             && g.parts.len() == u.parts.len()
@@ -700,47 +450,75 @@ fn matmul_calls(
                 u.parts.len()
             )));
         }
-        for i in 0..g.parts.len() {
-            groups.push(vec![(0, g, i), (1, u, i)]);
+        for (pg, pu) in g.parts.iter().zip(&u.parts) {
+            groups.push(vec![
+                (
+                    0,
+                    views.weights(g.ty, pg, g.row_bytes)?,
+                    pg.byte_offset / 4,
+                    pg,
+                ),
+                (
+                    1,
+                    views.weights(u.ty, pu, u.row_bytes)?,
+                    pu.byte_offset / 4,
+                    pu,
+                ),
+            ]);
         }
     } else {
-        for (s, v) in spec.views.iter().enumerate() {
-            for i in 0..v.parts.len() {
-                groups.push(vec![(s, *v, i)]);
-            }
-        }
-    }
-    let (aux, aux_ofs) = spec.aux.clone().unwrap_or((dummy.clone(), 0));
-    let mut calls = Vec::with_capacity(groups.len());
-    for (gi, group) in groups.iter().enumerate() {
-        let mut w = [
-            Arc::clone(&views.dummy_w),
-            Arc::clone(&views.dummy_w),
-            Arc::clone(&views.dummy_w),
-        ];
-        let mut slots = Vec::new();
-        // q, k and v through one binding when one texel view can span all three
-        let shared = if group.len() > 1 && spec.out_mode != OutMode::Glu {
-            let parts: Vec<(&ViewPart, u64)> = group
+        let same_type = spec.views.iter().all(|v| v.ty == spec.views[0].ty);
+        let whole = spec.views.iter().all(|v| v.parts.len() == 1);
+        let spanning = if spec.views.len() > 1 && same_type && whole {
+            let parts: Vec<(&ViewPart, u64)> = spec
+                .views
                 .iter()
-                .map(|&(_, v, i)| (&v.parts[i], v.row_bytes))
+                .map(|v| (&v.parts[0], v.row_bytes))
                 .collect();
-            views.spanning(group[0].1.ty, &parts)?
+            views.spanning(spec.views[0].ty, &parts)?
         } else {
             None
         };
-        for (k, &(s, v, i)) in group.iter().enumerate() {
-            let p = &v.parts[i];
-            let wofs = match &shared {
-                Some((view, ofs)) => {
-                    w[0] = Arc::clone(view);
-                    ofs[k] / 4
+        if let Some((view, ofs)) = spanning {
+            groups.push(
+                spec.views
+                    .iter()
+                    .enumerate()
+                    .map(|(s, v)| (s, Arc::clone(&view), ofs[s] / 4, &v.parts[0]))
+                    .collect(),
+            );
+        } else {
+            for (s, v) in spec.views.iter().enumerate() {
+                for p in &v.parts {
+                    let w = views.weights(v.ty, p, v.row_bytes)?;
+                    groups.push(vec![(s, w, p.byte_offset / 4, p)]);
                 }
-                None => {
-                    w[s] = views.weights(v.ty, p, v.row_bytes)?;
-                    p.byte_offset / 4
-                }
-            };
+            }
+        }
+    }
+    let types: Vec<GgmlType> = if spec.out_mode == OutMode::Glu {
+        spec.views[0]
+            .parts
+            .iter()
+            .map(|_| spec.views[0].ty)
+            .collect()
+    } else if groups.len() == 1 {
+        vec![spec.views[0].ty]
+    } else {
+        spec.views
+            .iter()
+            .flat_map(|v| v.parts.iter().map(|_| v.ty))
+            .collect()
+    };
+    let (aux, aux_ofs) = spec.aux.clone().unwrap_or((dummy.clone(), 0));
+    let n_groups = groups.len();
+    let mut calls = Vec::with_capacity(n_groups);
+    for (gi, (group, wtype)) in groups.into_iter().zip(types).enumerate() {
+        let mut w = [Arc::clone(&views.dummy_w), Arc::clone(&views.dummy_w)];
+        let mut slots = Vec::new();
+        for (k, (s, view, wofs, p)) in group.into_iter().enumerate() {
+            // gate/up in bindings 0 and 1; every other view through binding 0
+            w[if spec.out_mode == OutMode::Glu { k } else { 0 }] = view;
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,
@@ -748,12 +526,10 @@ fn matmul_calls(
                 orow: to_u32(p.first_row, "first row")?,
             });
         }
-        let shared_w = shared.is_some();
-        let o = |i: usize| spec.outs[i].clone().unwrap_or(dummy.clone());
+        let o = |i: usize| spec.outs[i].clone().unwrap_or_else(|| dummy.clone());
         let bindings = [
             Descriptor::Texel(&w[0]),
             Descriptor::Texel(&w[1]),
-            Descriptor::Texel(&w[2]),
             Descriptor::Texel(&spec.x),
             Descriptor::Buffer(aux.clone()),
             Descriptor::Buffer(o(0)),
@@ -762,47 +538,34 @@ fn matmul_calls(
             Descriptor::Buffer(acts.step.binding()),
             Descriptor::Texel(spec.xr.as_ref().unwrap_or(&spec.x)),
         ];
-        let call = MatmulCall {
-            name: if groups.len() == 1 {
+        let variant = MatmulVariant {
+            wtype,
+            in_mode: spec.in_mode,
+            out_mode: spec.out_mode,
+            last_token_only: spec.last_token_only,
+            split_k,
+        };
+        // the prefill pipeline has an identical set layout, so it accepts this set too
+        let set = kernels
+            .matmul(matmul_key(&variant, Batch::Decode, neox, head_dim))?
+            .descriptor_set_with(&bindings)?;
+        kernels.matmul(matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
+        calls.push(MatmulCall {
+            name: if n_groups == 1 {
                 spec.name.clone()
             } else {
                 format!("{}#{gi}", spec.name)
             },
-            set: {
-                let ty = group[0].1.ty;
-                let key = key_of(
-                    ty,
-                    spec.in_mode,
-                    spec.out_mode,
-                    spec.n_views,
-                    shared_w,
-                    spec.last_token_only,
-                    split_chunks,
-                    Batch::Decode,
-                    neox,
-                    head_dim,
-                );
-                // the prefill pipeline has an identical set layout, so it accepts this set too
-                kernels.matmul(key)?.descriptor_set_with(&bindings)?
-            },
+            set,
             slots,
-            wtype: group[0].1.ty,
-            in_mode: spec.in_mode,
-            out_mode: spec.out_mode,
-            n_views: spec.n_views,
-            shared_w,
+            variant,
             ncols: to_u32(ncols, "columns")?,
             x_ld: to_u32(spec.x_ld as u64, "x stride")?,
             out_ld: to_u32(spec.out_ld as u64, "out stride")?,
             aux_ofs,
             write_xg: spec.aux.is_some() && spec.out_mode == OutMode::Add,
-            last_token_only: spec.last_token_only,
-            split_chunks,
-        };
-        for batch in [Batch::Decode, Batch::Prefill] {
-            kernels.matmul(matmul_key(&call, batch, neox, head_dim))?;
-        }
-        calls.push(call);
+            out_bytes: [o(0).range, o(1).range, o(2).range],
+        });
     }
     Ok(calls)
 }

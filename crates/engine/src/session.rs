@@ -10,11 +10,14 @@ use std::sync::Arc;
 
 use arch::Config;
 use tracing::{debug_span, info_span};
-use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation, QueryPool};
+use vk::{CommandBuffer, QueryPool};
 
+use crate::activations::Activations;
 use crate::forward::{Head, Recorder};
-use crate::kernels::{self, Kernels, StepHeader};
+use crate::kernels::{self, Kernels, StepHeader, ARGMAX_NON_FINITE};
 use crate::model::{Batch, GpuModel};
+pub use crate::profile::KernelTime;
+use crate::profile::{dispatch_weight_bytes, per_kernel};
 use crate::residency::{ResidencyOptions, Weights};
 use crate::EngineError;
 
@@ -61,119 +64,6 @@ pub struct Counters {
     pub decoded_tokens: u64,
     /// Prompt tokens prefilled.
     pub prefilled_tokens: u64,
-}
-
-/// GPU time of one kernel in the last profiled decode token, summed over its dispatches
-/// (all layers, and every part of a split weight), from timestamp queries.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelTime {
-    /// The dispatch's name without its layer and part: `embed`, `qkv`, `attention`,
-    /// `attn_output`, `gate_up`, `ffn_down`, `logits`, `argmax`.
-    pub name: String,
-    /// Dispatches of this kernel in the token.
-    pub dispatches: u32,
-    /// GPU time of those dispatches, summed.
-    pub ns: u64,
-    /// Weight bytes those dispatches read (the matvecs; `None` for other kernels).
-    pub bytes: Option<u64>,
-}
-
-impl KernelTime {
-    /// Weight bytes read per second, in GB/s (10^9 bytes), for the matvecs.
-    pub fn gb_per_s(&self) -> Option<f64> {
-        self.bytes
-            .filter(|_| self.ns > 0)
-            .map(|b| b as f64 / self.ns as f64)
-    }
-}
-
-/// Activation buffers and the KV cache (llama2.c's `RunState`), all f32, allocated once.
-/// `B` is the batch capacity ([`PREFILL_CHUNK`]), `C` the context length.
-pub struct Activations {
-    /// [B][dim] the residual stream
-    pub x: Buffer,
-    /// [B][dim] x ∘ g for the next rmsnorm weight g (written with x; see matmul.comp)
-    pub xg: Buffer,
-    /// [B][n_heads·head_dim] queries after rope
-    pub q: Buffer,
-    /// [B][n_heads·head_dim] attention output (input of attn_output)
-    pub att_out: Buffer,
-    /// [B][hidden_dim] silu(gate)·up (input of ffn_down)
-    pub hb: Buffer,
-    /// per layer: [C][kv_dim] keys after rope
-    pub key_cache: Vec<Buffer>,
-    /// per layer: [C][kv_dim] values
-    pub value_cache: Vec<Buffer>,
-    /// [vocab] logits of the last token (host-readable)
-    pub logits: Buffer,
-    /// [4] u32: argmax of the logits (host-readable)
-    pub result: Buffer,
-    /// StepHeader, [128] f32 rope frequencies, [B] u32 token ids (host-written)
-    pub step: Buffer,
-    /// [n_layers][B][dim] the residual after every layer, for observers (host-readable)
-    pub layer_dump: Buffer,
-    /// 16 bytes bound to kernel slots a dispatch does not use
-    pub dummy: Buffer,
-    /// Batch capacity B.
-    pub max_batch: usize,
-}
-
-impl Activations {
-    fn new(
-        ctx: &Arc<vk::Context>,
-        cfg: &Config,
-        ctx_len: usize,
-        max_batch: usize,
-    ) -> Result<Activations, EngineError> {
-        let f = 4u64;
-        let b = max_batch as u64;
-        let buf = |name: &str, bytes: u64, loc: MemLocation| {
-            Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc))
-        };
-        let q_dim = (cfg.n_heads * cfg.head_dim) as u64;
-        let kv_bytes = ctx_len as u64 * cfg.kv_dim() as u64 * f;
-        let mut key_cache = Vec::with_capacity(cfg.n_layers);
-        let mut value_cache = Vec::with_capacity(cfg.n_layers);
-        for l in 0..cfg.n_layers {
-            key_cache.push(buf(
-                &format!("key_cache.{l}"),
-                kv_bytes,
-                MemLocation::GpuOnly,
-            )?);
-            value_cache.push(buf(
-                &format!("value_cache.{l}"),
-                kv_bytes,
-                MemLocation::GpuOnly,
-            )?);
-        }
-        Ok(Activations {
-            x: buf("x", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
-            xg: buf("xg", b * cfg.dim as u64 * f, MemLocation::GpuOnly)?,
-            q: buf("q", b * q_dim * f, MemLocation::GpuOnly)?,
-            att_out: buf("att_out", b * q_dim * f, MemLocation::GpuOnly)?,
-            hb: buf("hb", b * cfg.hidden_dim as u64 * f, MemLocation::GpuOnly)?,
-            key_cache,
-            value_cache,
-            logits: buf("logits", cfg.vocab_size as u64 * f, MemLocation::GpuToCpu)?,
-            result: buf("result", 16, MemLocation::GpuToCpu)?,
-            step: buf(
-                "step",
-                kernels::STEP_TOKENS_OFFSET + b * 4,
-                MemLocation::CpuToGpu,
-            )?,
-            layer_dump: buf(
-                "layer_dump",
-                cfg.n_layers as u64 * b * cfg.dim as u64 * f,
-                MemLocation::GpuToCpu,
-            )?,
-            dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
-            max_batch,
-        })
-    }
-
-    fn count(&self) -> u64 {
-        12 + 2 * self.key_cache.len() as u64
-    }
 }
 
 /// A model loaded on the GPU, ready to prefill and decode.
@@ -265,8 +155,13 @@ impl Session {
         session.counters.allocations = session.acts.count();
         session.record_decode(opts.sync_each_layer)?;
         // warm every pipeline: a one-token prefill and one decode step
+        // (its token is thrown away: a model whose logits are not finite loads, and says
+        // so on the first token it is asked for)
         session.prefill(&[0])?;
-        session.decode_argmax(0)?;
+        match session.decode_argmax(0) {
+            Ok(_) | Err(EngineError::NonFiniteLogits { .. }) => {}
+            Err(e) => return Err(e),
+        }
         session.reset();
         session.counters = Counters {
             allocations: session.counters.allocations,
@@ -513,10 +408,17 @@ impl Session {
         Ok(())
     }
 
+    /// The argmax of the last logits, or [`EngineError::NonFiniteLogits`] when the row
+    /// held a NaN or an infinity (`argmax.comp` sets [`ARGMAX_NON_FINITE`]).
     fn read_argmax(&mut self) -> Result<u32, EngineError> {
         let mut r = [0u32; 1];
         self.acts.result.read(0, &mut r)?;
         self.counters.bytes_read_back += 4;
+        if r[0] & ARGMAX_NON_FINITE != 0 {
+            return Err(EngineError::NonFiniteLogits {
+                pos: self.pos.saturating_sub(1),
+            });
+        }
         Ok(r[0])
     }
 
@@ -524,226 +426,5 @@ impl Session {
         self.acts.logits.read(0, &mut self.logits_host)?;
         self.counters.bytes_read_back += (self.logits_host.len() * 4) as u64;
         Ok(&self.logits_host)
-    }
-}
-
-/// The kernel a dispatch name belongs to: `blk.3.gate_up` → `gate_up`, `logits#1` → `logits`.
-fn kernel_of(dispatch: &str) -> &str {
-    let name = dispatch.split('#').next().unwrap_or(dispatch);
-    match name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-        Some((layer, rest)) if layer.bytes().all(|b| b.is_ascii_digit()) => rest,
-        _ => name,
-    }
-}
-
-/// Weight bytes each named dispatch reads: the rows of every weight view it binds, for the
-/// matvecs of `model`; `None` for the other dispatches.
-fn dispatch_weight_bytes(model: &GpuModel, names: &[String]) -> Vec<Option<u64>> {
-    let mut bytes = std::collections::HashMap::new();
-    let calls = model
-        .layers
-        .iter()
-        .flat_map(|l| [&l.qkv, &l.attn_output, &l.gate_up, &l.ffn_down])
-        .chain(std::iter::once(&model.logits))
-        .flatten();
-    for call in calls {
-        let rows: u64 = call.slots.iter().map(|s| u64::from(s.nrows)).sum();
-        if let Some(row) = call.wtype.row_bytes(u64::from(call.ncols)) {
-            bytes.insert(call.name.as_str(), rows * row);
-        }
-    }
-    names
-        .iter()
-        .map(|n| bytes.get(n.as_str()).copied())
-        .collect()
-}
-
-/// Sums dispatch times per kernel. `ts[0]` is the timestamp before the first dispatch and
-/// `ts[i + 1]` the one after dispatch `i`.
-fn per_kernel(names: &[String], bytes: &[Option<u64>], ts: &[u64]) -> Vec<KernelTime> {
-    let mut rows: Vec<KernelTime> = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let (Some(&t0), Some(&t1)) = (ts.get(i), ts.get(i + 1)) else {
-            break;
-        };
-        let kernel = kernel_of(name);
-        let b = bytes.get(i).copied().flatten();
-        let ns = t1.saturating_sub(t0);
-        match rows.iter_mut().find(|r| r.name == kernel) {
-            Some(r) => {
-                r.dispatches += 1;
-                r.ns += ns;
-                r.bytes = match (r.bytes, b) {
-                    (None, None) => None,
-                    (x, y) => Some(x.unwrap_or(0) + y.unwrap_or(0)),
-                };
-            }
-            None => rows.push(KernelTime {
-                name: kernel.to_string(),
-                dispatches: 1,
-                ns,
-                bytes: b,
-            }),
-        }
-    }
-    rows
-}
-
-#[cfg(test)]
-mod profile_tests {
-    use super::{kernel_of, per_kernel, KernelTime};
-
-    #[test]
-    fn dispatch_names_map_to_kernels() {
-        assert_eq!(kernel_of("blk.0.qkv"), "qkv");
-        assert_eq!(kernel_of("blk.29.attention"), "attention");
-        assert_eq!(kernel_of("blk.12.gate_up#1"), "gate_up");
-        assert_eq!(kernel_of("logits#0"), "logits");
-        assert_eq!(kernel_of("embed"), "embed");
-        assert_eq!(kernel_of("blk.x.qkv"), "blk.x.qkv");
-    }
-
-    #[test]
-    fn times_and_weight_bytes_are_summed_per_kernel_in_first_seen_order() {
-        let names: Vec<String> = [
-            "embed",
-            "blk.0.qkv",
-            "blk.0.attention",
-            "blk.1.qkv",
-            "blk.1.attention",
-            "logits#0",
-            "logits#1",
-            "argmax",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let bytes = [
-            None,
-            Some(1000),
-            None,
-            Some(1000),
-            None,
-            Some(3000),
-            Some(500),
-            None,
-        ];
-        let ts = [10, 20, 50, 60, 100, 130, 1130, 1630, 1631];
-        let rows = per_kernel(&names, &bytes, &ts);
-        let want = |name: &str, dispatches, ns, bytes| KernelTime {
-            name: name.into(),
-            dispatches,
-            ns,
-            bytes,
-        };
-        assert_eq!(
-            rows,
-            vec![
-                want("embed", 1, 10, None),
-                want("qkv", 2, 30 + 40, Some(2000)),
-                want("attention", 2, 10 + 30, None),
-                want("logits", 2, 1000 + 500, Some(3500)),
-                want("argmax", 1, 1, None),
-            ]
-        );
-        let total: u64 = rows.iter().map(|r| r.ns).sum();
-        assert_eq!(total, 1631 - 10, "the rows cover the token");
-        assert_eq!(rows[3].gb_per_s(), Some(3500.0 / 1500.0));
-        assert_eq!(rows[0].gb_per_s(), None);
-        // fewer timestamps than names (a full query pool): the rest is left out
-        assert_eq!(per_kernel(&names, &bytes, &ts[..3]).len(), 2);
-    }
-
-    /// A profiled decode token of a tiny synthetic model: one row per kernel in dispatch
-    /// order, a dispatch per layer, and the weight bytes of each matvec equal to the
-    /// bytes of the tensors it reads (the logits read the tied embedding or `output`).
-    #[test]
-    fn profiled_token_counts_dispatches_and_weight_bytes_per_kernel() {
-        use crate::{Session, SessionOptions};
-        use std::sync::Arc;
-        let ctx = match vk::Context::new(&vk::ContextOptions {
-            device_index: None,
-            validate: false,
-        }) {
-            Ok(c) => c,
-            Err(e) if std::env::var("VKDECODE_ALLOW_NO_GPU").is_ok_and(|v| v == "1") => {
-                eprintln!("skipping: no Vulkan device ({e})");
-                return;
-            }
-            Err(e) => panic!("no usable Vulkan device: {e} (set VKDECODE_ALLOW_NO_GPU=1 to skip)"),
-        };
-        let n_layers = 3;
-        let ty = gguf::GgmlType::Q8_0;
-        let bytes = reference::synthetic::tiny_llama(7, n_layers, 64, 4, 2, 128, 320, ty);
-        let path =
-            std::env::temp_dir().join(format!("vkdecode-profile-{}.gguf", std::process::id()));
-        std::fs::write(&path, &bytes).expect("writing the tiny model");
-        let file = Arc::new(gguf::GgufFile::open(&path).expect("tiny model"));
-        let _ = std::fs::remove_file(&path);
-        let tensor_bytes = |suffixes: &[&str]| -> u64 {
-            file.gguf()
-                .tensors
-                .iter()
-                .filter(|t| {
-                    t.name.starts_with("blk.")
-                        && suffixes
-                            .iter()
-                            .any(|s| t.name.ends_with(&format!(".{s}.weight")))
-                })
-                .map(|t| t.n_bytes())
-                .sum()
-        };
-        let logits_bytes = file
-            .gguf()
-            .tensor("output.weight")
-            .or_else(|| file.gguf().tensor("token_embd.weight"))
-            .expect("an output matrix")
-            .n_bytes();
-        let want_bytes = [
-            ("qkv", tensor_bytes(&["attn_q", "attn_k", "attn_v"])),
-            ("attn_output", tensor_bytes(&["attn_output"])),
-            ("gate_up", tensor_bytes(&["ffn_gate", "ffn_up"])),
-            ("ffn_down", tensor_bytes(&["ffn_down"])),
-            ("logits", logits_bytes),
-        ];
-        let opts = SessionOptions {
-            ctx_len: 16,
-            profile: true,
-            ..SessionOptions::default()
-        };
-        let mut s = Session::new(ctx, Arc::clone(&file), &opts).expect("session");
-        s.prefill(&[1, 2]).expect("prefill");
-        s.decode_argmax(3).expect("decode");
-        let rows = s.profile_last_token().expect("a profile");
-        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "embed",
-                "qkv",
-                "attention",
-                "attn_output",
-                "gate_up",
-                "ffn_down",
-                "logits",
-                "argmax"
-            ]
-        );
-        for r in &rows {
-            let want_dispatches = match r.name.as_str() {
-                "embed" | "argmax" | "logits" => 1,
-                _ => n_layers as u32,
-            };
-            assert_eq!(r.dispatches, want_dispatches, "{}", r.name);
-            let want = want_bytes
-                .iter()
-                .find(|(n, _)| *n == r.name)
-                .map(|&(_, b)| b);
-            assert_eq!(r.bytes, want, "weight bytes of {}", r.name);
-        }
-        assert!(
-            rows.iter().map(|r| r.ns).sum::<u64>() > 0,
-            "the token took no GPU time: {rows:?}"
-        );
     }
 }

@@ -15,6 +15,7 @@ use engine::kernels::{
     self, ArgmaxPush, AttentionPush, EmbedPush, InMode, Kernels, MatmulKey, MatmulPush, OutMode,
     Slot,
 };
+use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
@@ -82,11 +83,11 @@ fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// The ten descriptors of matmul.comp.
+/// The nine descriptors of the matmul kernels.
 #[allow(clippy::too_many_arguments)]
 fn matmul_set(
     p: &Pipeline,
-    w: [&BufferView; 3],
+    w: [&BufferView; 2],
     x: &BufferView,
     aux: &Buffer,
     outs: [&Buffer; 3],
@@ -96,7 +97,6 @@ fn matmul_set(
     p.descriptor_set_with(&[
         Descriptor::Texel(w[0]),
         Descriptor::Texel(w[1]),
-        Descriptor::Texel(w[2]),
         Descriptor::Texel(x),
         Descriptor::Buffer(aux.binding()),
         Descriptor::Buffer(outs[0].binding()),
@@ -119,44 +119,48 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f3
     }
 }
 
-fn key(
-    ty: GgmlType,
-    in_mode: InMode,
-    out_mode: OutMode,
-    neox: bool,
-    n_views: u32,
-    tb: u32,
-) -> MatmulKey {
+fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
     MatmulKey {
         wtype: ty,
         in_mode,
         out_mode,
         neox,
-        n_views,
-        shared_w: false,
         wg: 8,
         pairs: 4,
         tb,
-        // as the engine's shapes: decode shares input fetches between two row pairs
-        group: if tb == 1 { 2 } else { 1 },
-        split_chunks: 0,
+        split_k: 0,
     }
 }
 
-/// `k`, and where this device lets lanes split rows of `cols` columns, its one-token
-/// column-split twin (the decode path's kernel; `k`, one row per lane, is the fallback).
-fn variants(ks: &Kernels, k: MatmulKey, cols: usize) -> Vec<MatmulKey> {
-    let mut v = vec![k];
-    let split_chunks = ks.column_split(k.wg, cols as u32);
-    if split_chunks > 0 {
-        v.push(MatmulKey {
-            tb: 1,
-            group: 1,
-            split_chunks,
-            ..k
-        });
-    }
-    v
+/// The engine's own keys for a dispatch over rows of `cols` columns
+/// (`model::matmul_key`): the prefill shape, the decode shape (with the column split the
+/// engine picks on this device), and where the split is picked, the row-per-lane decode
+/// fallback. The logits read one token: decode shape only.
+fn engine_keys(
+    ks: &Kernels,
+    ty: GgmlType,
+    (in_mode, out_mode): (InMode, OutMode),
+    neox: bool,
+    head_dim: u32,
+    cols: usize,
+) -> Vec<MatmulKey> {
+    let v = MatmulVariant {
+        wtype: ty,
+        in_mode,
+        out_mode,
+        last_token_only: out_mode == OutMode::Store,
+        split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+    };
+    let fallback = MatmulVariant { split_k: 0, ..v };
+    let mut keys = vec![
+        matmul_key(&v, Batch::Prefill, neox, head_dim),
+        matmul_key(&v, Batch::Decode, neox, head_dim),
+        matmul_key(&fallback, Batch::Decode, neox, head_dim),
+    ];
+    keys.dedup();
+    keys.sort_by_key(|k| (k.tb, k.split_k));
+    keys.dedup();
+    keys
 }
 
 /// lavapipe (the CI device) has subgroup arithmetic: the column split must be chosen
@@ -172,8 +176,12 @@ fn column_split_is_chosen_where_the_device_allows() {
         assert_eq!(ks.column_split(8, 576), 0);
         return;
     }
-    assert_eq!(ks.column_split(8, 576), 9);
-    assert_eq!(ks.column_split(8, 1536), 24);
+    assert_eq!(
+        ks.column_split(8, 576),
+        1,
+        "9 chunks: one round of 8 lanes, 1 left"
+    );
+    assert_eq!(ks.column_split(8, 1536), 3, "24 chunks: three rounds");
     assert_eq!(
         ks.column_split(8, 192),
         0,
@@ -188,8 +196,8 @@ fn column_split_is_chosen_where_the_device_allows() {
     assert_eq!(ks.column_split(8, 576), 0, "turned off");
     // a split key the device cannot run is an error, not a wrong result
     let bad = MatmulKey {
-        split_chunks: 9,
-        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, false, 1, 4)
+        split_k: 1,
+        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
     };
     assert!(ks.matmul(bad).is_err());
 }
@@ -209,9 +217,9 @@ fn weights(
     (bytes, deq)
 }
 
-/// Plain and residual-add matmul for every type, decode (one token per invocation) and
-/// prefill (four) shapes, a row count that leaves a partial tile, a word offset; the add
-/// also writes `x∘g` for the next norm (g read at a float offset).
+/// Residual-add matmul for every type, decode (one token per invocation) and prefill
+/// (four) shapes, a row count that leaves a partial tile, a word offset; the add also
+/// writes `x∘g` for the next norm (g read at a float offset).
 #[test]
 fn matmul_store_and_add_match_reference_for_every_type() {
     let Some(ctx) = ctx() else { return };
@@ -235,25 +243,15 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             let mut want = vec![0.0; n_tok * rows];
             rk::matmul(ty, &bytes[64..], rows, cols, &x, n_tok, &mut want).unwrap();
             let init = rng.vec(n_tok * rows, 1.0);
-            for (out_mode, tb, group) in [
-                (OutMode::Store, 1, 1),
-                (OutMode::Store, 1, 2),
-                (OutMode::Store, 4, 1),
-                (OutMode::Store, 4, 4),
-                (OutMode::Add, 4, 1),
-                (OutMode::Add, 1, 2),
-            ] {
-                let k0 = MatmulKey {
-                    group,
-                    ..key(ty, InMode::Plain, out_mode, false, 1, tb)
-                };
-                for k in variants(&ks, k0, cols) {
+            {
+                let out_mode = OutMode::Add;
+                for k in engine_keys(&ks, ty, (InMode::Plain, out_mode), false, 0, cols) {
                     let out = upload(&ctx, "out", &init);
                     let xg = zeros(&ctx, "xg", n_tok * rows);
                     let p = ks.matmul(k).unwrap();
                     let set = matmul_set(
                         p,
-                        [&wv, &dummy_w, &dummy_w],
+                        [&wv, &dummy_w],
                         &xv,
                         &gbuf,
                         [&out, &xg, &dummy],
@@ -359,8 +357,8 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             .unwrap();
             mags.extend(magnitudes(&w, cols, &xn));
         }
-        let k = key(ty, InMode::RmsNorm, OutMode::Store, false, 1, 4);
-        for k in variants(&ks, k, cols) {
+        // the logits' pipeline: one token per invocation
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), false, 0, cols) {
             let p = ks.matmul(k).unwrap();
             for (buf, slot) in [
                 (
@@ -385,7 +383,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                 let wv = wview(&ctx, buf, ty);
                 let set = matmul_set(
                     p,
-                    [&wv, &dummy_w, &dummy_w],
+                    [&wv, &dummy_w],
                     &xgv,
                     &dummy,
                     [&out, &dummy, &dummy],
@@ -436,16 +434,14 @@ fn qkv_rope_and_cache_write_match_reference() {
         let (wv, fv) = weights(&mut rng, ty, kv_dim, dim, 0);
         let x = rng.vec(n_tok * dim, 1.0);
         let norm_w = rng.vec(dim, 1.0);
-        let (bq, bk, bv) = (
-            wupload(&ctx, "wq", &wq),
-            wupload(&ctx, "wk", &wk),
-            wupload(&ctx, "wv", &wv),
-        );
-        let (vq, vk_, vv) = (
-            wview(&ctx, &bq, ty),
-            wview(&ctx, &bk, ty),
-            wview(&ctx, &bv, ty),
-        );
+        // q, k and v through binding 0, each at its own word offset (as the engine binds
+        // them: one texel view spanning the three tensors)
+        let mut wqkv = wq.clone();
+        wqkv.extend_from_slice(&wk);
+        wqkv.extend_from_slice(&wv);
+        let bqkv = wupload(&ctx, "wqkv", &wqkv);
+        let vqkv = wview(&ctx, &bqkv, ty);
+        let (ofs_k, ofs_v) = (wq.len() as u32 / 4, (wq.len() + wk.len()) as u32 / 4);
         let (xbuf, xgbuf) = (
             upload(&ctx, "x", &x),
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
@@ -455,27 +451,14 @@ fn qkv_rope_and_cache_write_match_reference() {
         let qout = zeros(&ctx, "q", n_tok * q_dim);
         let kc = zeros(&ctx, "kc", ctx_len * kv_dim);
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
-        let k = key(
-            ty,
-            InMode::RmsNorm,
-            OutMode::Qkv,
-            mode == RopeMode::Neox,
-            3,
-            4,
-        );
-        let k = if k.neox {
-            MatmulKey {
-                pairs: hd as u32 / 16,
-                ..k
-            }
-        } else {
-            k
-        };
-        for k in variants(&ks, k, dim) {
+        let neox = mode == RopeMode::Neox;
+        let qkv = (InMode::RmsNorm, OutMode::Qkv);
+        for k in engine_keys(&ks, ty, qkv, neox, hd as u32, dim) {
             let p = ks.matmul(k).unwrap();
+            let dummy_w = wview(&ctx, &dummy, ty);
             let set = matmul_set(
                 p,
-                [&vq, &vk_, &vv],
+                [&vqkv, &dummy_w],
                 &xgv,
                 &dummy,
                 [&qout, &kc, &vc],
@@ -490,6 +473,7 @@ fn qkv_rope_and_cache_write_match_reference() {
                 kv_ld: kv_dim as u32,
                 head_dim: hd as u32,
                 eps,
+                rope_neox: u32::from(k.neox),
                 ..Default::default()
             };
             let slots = [
@@ -502,13 +486,13 @@ fn qkv_rope_and_cache_write_match_reference() {
                 Slot {
                     slot: 1,
                     nrows: kv_dim as u32,
-                    wofs: 0,
+                    wofs: ofs_k,
                     orow: 0,
                 },
                 Slot {
                     slot: 2,
                     nrows: kv_dim as u32,
-                    wofs: 0,
+                    wofs: ofs_v,
                     orow: 0,
                 },
             ];
@@ -580,7 +564,7 @@ fn gate_up_swiglu_matches_reference() {
     let (hidden, dim, n_tok, eps) = (200, 576, 2, 1e-5);
     let dummy = zeros(&ctx, "dummy", 4);
     let step = step_buffer(&ctx, 0, &[], &[]);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
         let (wg, fg) = weights(&mut rng, ty, hidden, dim, 0);
         // up 64 bytes into its binding: its own word offset (slot 1) must be used
         let (wu, fu) = weights(&mut rng, ty, hidden, dim, 64);
@@ -593,14 +577,12 @@ fn gate_up_swiglu_matches_reference() {
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
-        let dummy_w = wview(&ctx, &dummy, ty);
         let out = zeros(&ctx, "hb", n_tok * hidden);
-        let k = key(ty, InMode::RmsNorm, OutMode::Glu, false, 2, 1);
-        for k in variants(&ks, k, dim) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), false, 0, dim) {
             let p = ks.matmul(k).unwrap();
             let set = matmul_set(
                 p,
-                [&vg, &vu, &dummy_w],
+                [&vg, &vu],
                 &xgv,
                 &dummy,
                 [&out, &dummy, &dummy],
@@ -859,27 +841,73 @@ fn argmax_matches_reference() {
     assert_no_validation_errors(&ctx);
 }
 
-/// Every pipeline the engine may create builds (spec constants accepted) and dispatches.
+/// Every matmul variant the engine may ask for exists and builds a pipeline, and every
+/// compiled matmul module is one the engine can ask for.
 #[test]
 fn every_matmul_variant_builds() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
+    let mut used = std::collections::HashSet::new();
     for ty in TYPES {
-        for (in_mode, out_mode, n_views) in [
-            (InMode::RmsNorm, OutMode::Qkv, 3),
-            (InMode::Plain, OutMode::Add, 1),
-            (InMode::RmsNorm, OutMode::Glu, 2),
-            (InMode::RmsNorm, OutMode::Store, 1),
+        for (in_mode, out_mode) in [
+            (InMode::RmsNorm, OutMode::Qkv),
+            (InMode::Plain, OutMode::Add),
+            (InMode::RmsNorm, OutMode::Glu),
+            (InMode::RmsNorm, OutMode::Store),
         ] {
-            for tb in [1, 4] {
-                ks.matmul(key(ty, in_mode, out_mode, false, n_views, tb))
-                    .unwrap();
+            let mut keys = Vec::new();
+            for tb in kernels::MATMUL_TB {
+                // the logits read one token: decode shape only
+                if out_mode != OutMode::Store || tb == 1 {
+                    keys.push(key(ty, in_mode, out_mode, false, tb));
+                }
+            }
+            for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
+                keys.push(MatmulKey {
+                    split_k,
+                    ..key(ty, in_mode, out_mode, false, 1)
+                });
+            }
+            for k in keys {
+                used.insert(k.kernel().unwrap());
+                if k.split_k == 0 || ks.column_split(8, 64 * 8 * k.split_k) == k.split_k {
+                    ks.matmul(k).unwrap();
+                }
             }
         }
         ks.embed(ty).unwrap();
     }
-    assert!(ks.count() >= 45);
+    for k in vk::Kernel::ALL {
+        if k.name().starts_with("matmul") {
+            assert!(used.contains(k), "{} is built but never used", k.name());
+        }
+    }
     drop(ks);
     let _ = Buffer::new; // keep the import used in every configuration
     assert_no_validation_errors(&ctx);
+}
+
+/// The layouts the engine binds agree with the SPIR-V reflection (crates/vk/build.rs):
+/// every matmul variant of either kernel declares [`kernels::MATMUL_BINDINGS`] bindings
+/// with the weights, x and xr as texel buffers, so one descriptor set serves the decode
+/// and prefill pipelines of a dispatch; likewise embed, attention and argmax.
+#[test]
+fn reflected_layouts_agree_with_the_engine_bindings() {
+    use vk::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};
+    let mut seen = 0;
+    for k in vk::Kernel::ALL {
+        let (n, kinds): (u32, &[vk::DescriptorKind]) = match k.name().split('.').next() {
+            Some("matmul" | "matmul_split") => {
+                (kernels::MATMUL_BINDINGS, &[T, T, T, S, S, S, S, S, T])
+            }
+            Some("embed") => (kernels::EMBED_BINDINGS, &[T, T, T, S, S, S, S]),
+            Some("attention") => (kernels::ATTENTION_BINDINGS, &[T, T, T, S, S]),
+            Some("argmax") => (kernels::ARGMAX_BINDINGS, &[S, S]),
+            _ => continue,
+        };
+        assert_eq!(k.bindings(), n, "{}", k.name());
+        assert_eq!(k.descriptor_kinds(), kinds, "{}", k.name());
+        seen += 1;
+    }
+    assert!(seen > 100, "{seen} kernels checked");
 }

@@ -1,0 +1,233 @@
+// What the two matmul kernels share: Y = W · X for a batch of tokens, W read in place
+// from GGUF blocks (quant.glsl), with the fusions of DESIGN.md as build-time variants.
+// CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
+// add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
+// Kernels: matmul.comp (lanes own rows), matmul_split.comp (lanes split each row).
+//
+// Every mode is a define (variants listed in crates/vk/build.rs), not a specialization
+// constant: lavapipe 22.3 compiles a spec constant's dead branches too (FACTS.md).
+//   WTYPE_*      the weight type (quant.glsl)
+//   TB           tokens per invocation (1 or 4; the column split takes 1)
+//   IN_RMSNORM   X = x∘g; the sums are scaled by 1/rms of the raw residual XR
+//   OUT_MODE     OUT_STORE, OUT_ADD, OUT_QKV or OUT_GLU (below)
+// Every view is read through w0 at its own word offset (gate/up: w0 and w1): lavapipe
+// runs both sides of every branch, masked, so a per-view branch would fetch every view's
+// weights in every workgroup; q, k and v come in one texel view spanning them, or a
+// dispatch each.
+// Left as specialization constants, as loop bounds only (no branch depends on them):
+// the workgroup size (id 0) and PAIRS (id 1). Rope's pairing (normal or neox) is a
+// push-constant flag read in the epilogue only.
+//
+// A pair is two output rows computed together:
+//   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
+//   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
+//   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
+//   owns workgroups, each reading up at the same rows.
+//
+// rmsnorm is folded without a pass of its own: W·(x/rms(x)∘g) = (W·(x∘g)) / rms(x). The
+// dispatch that writes the residual x (OUT_ADD, or the embedding) also writes xg = x∘g for
+// the next norm weight g; an IN_RMSNORM dispatch reads xg as X, takes rms from the raw x
+// (XR) once per token, and scales its sums at the end.
+#extension GL_GOOGLE_include_directive : require
+
+#define OUT_STORE 0
+#define OUT_ADD 1
+#define OUT_QKV 2
+#define OUT_GLU 3
+#if !defined(TB) || !defined(OUT_MODE)
+#error "a matmul variant defines TB and OUT_MODE (see crates/vk/build.rs)"
+#endif
+
+#include "quant.glsl"
+#include "step.glsl"
+#include "rope.glsl"
+#include "act.glsl"
+#include "matmul_push.glsl"
+
+layout(local_size_x_id = 0) in;
+const uint WG = gl_WorkGroupSize.x;
+layout(constant_id = 1) const uint PAIRS = 4u;  // row pairs per invocation (per lane: split)
+
+// Weights and input (RGBA32F) are texel buffers: see quant.glsl.
+// Rust twin: engine::kernels::MATMUL_BINDINGS. A variant's compiler drops the bindings
+// it never reads; the layout is the union over the variants (crates/vk/build.rs).
+layout(set = 0, binding = 0) uniform usamplerBuffer w0;
+layout(set = 0, binding = 1) uniform usamplerBuffer w1;  // up (OUT_GLU)
+layout(set = 0, binding = 2) uniform samplerBuffer x4;
+layout(std430, set = 0, binding = 3) readonly buffer Aux { float aux[]; };  // next norm weight
+layout(std430, set = 0, binding = 4) buffer Out0 { float out0[]; };
+layout(std430, set = 0, binding = 5) buffer Out1 { float out1[]; };
+layout(std430, set = 0, binding = 6) buffer Out2 { float out2[]; };
+STEP_BUFFER(7)
+layout(set = 0, binding = 8) uniform samplerBuffer xr4;  // raw residual (IN_RMSNORM)
+
+float dot4(vec4 a, vec4 b, float acc) {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
+// Token row of X read for the workgroup's token t (clamped past the batch's end).
+uint x_row(uint t) {
+    return pc.x_tok0 + min(gl_WorkGroupID.y * TB + t, pc.n_tok - 1u);
+}
+
+// Elements 4q..4q+3 of X for the workgroup's token t.
+vec4 xq(uint t, uint q) {
+    return texelFetch(x4, int(x_row(t) * (pc.x_ld / 4u) + q));
+}
+
+// Input quads of one chunk for token t, fetched once and shared by every row of the
+// group (lavapipe turns each texel fetch into a call with a bounds check and eight lane
+// loads, so the input must not be fetched once per row). Indexed only with constants
+// after the macros below expand, so they stay in registers.
+#define LOAD_XS(XS, t, q0)                                                                \
+    vec4 XS[16];                                                                          \
+    for (uint k_ = 0u; k_ < 16u; k_++) {                                                  \
+        XS[k_] = (TB > (t)) ? xq((t), (q0) + k_) : vec4(0.0);                             \
+    }
+
+// Adds token t's input quad (XS[qi]) to the block sum s_ (one component per token).
+#define QUAD_TOKEN(XS, C)                                                                 \
+    {                                                                                     \
+        vec4 x_ = XS[qi];                                                                 \
+        s_.C = dot4(wq, x_, s_.C);                                                        \
+        if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
+    }
+
+// ACC (one component per token) += chunk C of the row at word BASE of binding B · X
+// (input quads X0..X3, one array per token), the block scale applied per block.
+#define ROW_CHUNK(B, BASE, C, X0, X1, X2, X3, ACC)                                        \
+    {                                                                                     \
+        vec4 s_ = vec4(0.0);                                                              \
+        vec4 sx_ = vec4(0.0);                                                             \
+        QUANT_CHUNK(B, (BASE) + (C) * CHUNK_WORDS,                                        \
+            QUAD_TOKEN(X0, x)                                                             \
+            if (TB > 1u) QUAD_TOKEN(X1, y)                                                \
+            if (TB > 2u) QUAD_TOKEN(X2, z)                                                \
+            if (TB > 3u) QUAD_TOKEN(X3, w)                                                \
+        ,                                                                                 \
+            ACC = fma(vec4(qd), s_, ACC);                                                 \
+            if (QUANT_HAS_MIN) { ACC = fma(vec4(qm), sx_, ACC); }                         \
+            s_ = vec4(0.0);                                                               \
+            sx_ = vec4(0.0);                                                              \
+        )                                                                                 \
+    }
+
+// Chunk C of pair P (both rows) into its accumulators, through the view's binding(s).
+#if OUT_MODE == OUT_GLU
+#define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
+    ROW_CHUNK(w0, P.base_a, C, X0, X1, X2, X3, ACC_A)                                     \
+    ROW_CHUNK(w1, P.base_b, C, X0, X1, X2, X3, ACC_B)
+#else
+#define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
+    ROW_CHUNK(w0, P.base_a, C, X0, X1, X2, X3, ACC_A)                                     \
+    ROW_CHUNK(w0, P.base_b, C, X0, X1, X2, X3, ACC_B)
+#endif
+
+// The two rows of pair p of a view: global rows, whether each exists, and where they
+// start in the weight binding (a missing row reads row 0 and is not stored).
+struct Pair {
+    uint ra;
+    uint rb;
+    bool a_ok;
+    bool b_ok;
+    uint base_a;
+    uint base_b;
+};
+
+Pair pair_rows(uint p, uint nrows, uint wofs, bool exists) {
+    Pair r;
+#if OUT_MODE == OUT_GLU
+    r.ra = p;
+    r.rb = p;
+#else
+#if OUT_MODE == OUT_QKV
+    if (pc.rope_neox != 0u) {
+        uint half_dim = pc.head_dim / 2u;
+        r.ra = (p / half_dim) * pc.head_dim + p % half_dim;
+        r.rb = r.ra + half_dim;
+    } else
+#endif
+    {
+        r.ra = 2u * p;
+        r.rb = r.ra + 1u;
+    }
+#endif
+    r.a_ok = exists && r.ra < nrows;
+    r.b_ok = r.a_ok && r.rb < nrows;
+    uint row_words = (pc.ncols / 64u) * CHUNK_WORDS;
+    r.base_a = wofs + (r.a_ok ? r.ra : 0u) * row_words;
+#if OUT_MODE == OUT_GLU
+    // row rb of up lies at up's own word offset (slot 1)
+    r.base_b = pc.wofs[1] + (r.b_ok ? r.rb : 0u) * row_words;
+#else
+    r.base_b = wofs + (r.b_ok ? r.rb : 0u) * row_words;
+#endif
+    return r;
+}
+
+// 1 / sqrt(mean(x^2) + eps) from a sum of squares.
+float rms_of(float ss) {
+    return inversesqrt(ss / float(pc.ncols) + pc.eps);
+}
+
+// Scales pair P's sums by each token's 1/rms and writes them as OUT_MODE says.
+void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow, uint t0) {
+    if (!P.a_ok) {
+        return;
+    }
+    uint ga = orow + P.ra;  // global rows
+    uint gb = orow + P.rb;
+    bool b_ok = P.b_ok;
+    for (uint t = 0u; t < TB; t++) {
+        uint tt = t0 + t;
+        if (tt >= pc.n_tok) {
+            break;
+        }
+        float a = acc_a[t] * scale[t];
+        float b = acc_b[t] * scale[t];
+        uint o = tt * pc.out_ld;
+#if OUT_MODE == OUT_STORE
+        out0[o + ga] = a;
+        if (b_ok) out0[o + gb] = b;
+#elif OUT_MODE == OUT_ADD
+        float xa = out0[o + ga] + a;
+        out0[o + ga] = xa;
+        if (pc.write_xg != 0u) out1[o + ga] = xa * aux[pc.aux_ofs + ga];
+        if (b_ok) {
+            float xb = out0[o + gb] + b;
+            out0[o + gb] = xb;
+            if (pc.write_xg != 0u) out1[o + gb] = xb * aux[pc.aux_ofs + gb];
+        }
+#elif OUT_MODE == OUT_GLU
+        out0[o + ga] = swiglu(a, b);
+#else  // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
+        uint hd = ga % pc.head_dim;
+        uint fi = pc.rope_neox != 0u ? hd : hd / 2u;
+        if (view != 2u) {
+            vec2 r = rope_pair(a, b, float(step_pos0 + tt), step_freqs[fi]);
+            a = r.x;
+            b = r.y;
+        }
+        if (view == 0u) {
+            out0[o + ga] = a;
+            out0[o + gb] = b;
+        } else {
+            uint c = (step_pos0 + tt) * pc.kv_ld;
+            if (view == 1u) {
+                out1[c + ga] = a;
+                out1[c + gb] = b;
+            } else {
+                out2[c + ga] = a;
+                out2[c + gb] = b;
+            }
+        }
+#endif
+    }
+}
+
+// The workgroup's view (of up to three laid end to end in workgroup x) and its tile in it.
+void view_of_workgroup(out uint view, out uint tile) {
+    uint wg = gl_WorkGroupID.x;
+    view = wg < pc.tiles.x ? 0u : (wg < pc.tiles.y ? 1u : 2u);
+    tile = wg - (view == 0u ? 0u : (view == 1u ? pc.tiles.x : pc.tiles.y));
+}
