@@ -375,3 +375,39 @@ fn gemma3_tensors_dequantise_as_the_python_reference() {
     }
     assert_eq!(checked, 127);
 }
+
+#[test]
+fn type_plan_untied_output_and_kept_tensors() {
+    use GgmlType::*;
+    let t = [
+        ("token_embd.weight", vec![1024u64, 100], F16),
+        ("output.weight", vec![1024, 100], F16),
+        ("blk.0.attn_v.weight", vec![1024, 256], F16),
+        ("blk.0.ffn_down.weight", vec![1000, 64], F16), // 1000: not even Q5_0's blocks
+        ("blk.0.attn_norm.weight", vec![1024], F32),
+        ("blk.0.ffn_gate_inp.weight", vec![1024, 8], F32),
+        ("rope_freqs.weight", vec![64], F32),
+        ("blk.0.attn_k.weight", vec![1024, 1], F16), // ggml counts it as 1-D
+    ];
+    let descs: Vec<TensorDesc<'_>> = t
+        .iter()
+        .map(|(n, s, ty)| TensorDesc {
+            name: n,
+            shape: s,
+            ty: *ty,
+        })
+        .collect();
+    // Q4_K_M: an untied output gets Q6_K; token_embd keeps the base type; the one
+    // attn_v of one layer is in use_more_bits' first eighth.
+    assert_eq!(
+        mix::plan(Scheme::Q4KM, &descs, 1),
+        vec![Q4_K, Q6_K, Q6_K, F16, F32, F32, F32, F16]
+    );
+    assert_eq!(
+        mix::plan(Scheme::Pure(Q8_0), &descs, 1),
+        vec![Q8_0, Q8_0, Q8_0, F16, F32, F32, F32, F16]
+    );
+    assert_eq!(mix::fallback(Q4_K, 1000), Some(F16));
+    assert_eq!(mix::fallback(Q8_0, 1000), None);
+    assert_eq!(mix::fallback(Q6_K, 576), Some(Q8_0));
+}
