@@ -411,3 +411,29 @@ fn type_plan_untied_output_and_kept_tensors() {
     assert_eq!(mix::fallback(Q8_0, 1000), None);
     assert_eq!(mix::fallback(Q6_K, 576), Some(Q8_0));
 }
+
+/// `data/quant/make_sha256.py`'s inputs, bit for bit: 64 rows of 256 weights.
+fn hashed_inputs() -> Vec<f32> {
+    let u =
+        |i: u64| ((i.wrapping_mul(2_654_435_761) % (1 << 32)) >> 8) as f32 / (1u32 << 24) as f32;
+    let scale = [0.05f32, 0.001, 1.5, 0.02];
+    (0..256 * 64u64)
+        .map(|i| ((u(i) + u(i + 7)) + u(i + 13) - 1.5) * scale[(i as usize / 256) % 4])
+        .collect()
+}
+
+#[test]
+fn quantisation_of_64_rows_matches_ggml_by_sha256() {
+    use sha2::{Digest, Sha256};
+    let x = hashed_inputs();
+    let list = std::fs::read_to_string(data_dir("quant").join("sha256.txt")).unwrap();
+    let mut checked = 0;
+    for line in list.lines().filter(|l| !l.starts_with('#')) {
+        let (name, sha) = line.split_once(' ').unwrap();
+        let ty = GgmlType::from_name(name).unwrap();
+        let got = format!("{:x}", Sha256::digest(quantize(ty, &x).unwrap()));
+        assert_eq!(got, sha, "{ty}: 64 rows quantised unlike ggml");
+        checked += 1;
+    }
+    assert_eq!(checked, QUANT_TYPES.len());
+}
