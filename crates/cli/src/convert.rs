@@ -1,70 +1,204 @@
-//! `vkdecode convert`: rewrite a GGUF file with its 2-D weights requantised to Q8_0.
+//! `vkdecode convert`: rewrite a GGUF file with its weights requantised, tensor by
+//! tensor as llama.cpp's `llama-quantize` would.
 //!
-//! Every 2-D tensor is dequantised to f32 and quantised with ggml's reference Q8_0
-//! rounding, so the tensor bytes match `llama-quantize --allow-requantize ... Q8_0`;
-//! tensors already in Q8_0 are copied as they are (as llama-quantize does); 1-D tensors
-//! (norms) keep their type. All metadata is copied, `general.file_type` is set to 7
-//! (MOSTLY_Q8_0) and `general.alignment` to the chosen alignment. The output is written
-//! to a temporary file in the same directory and renamed into place.
+//! `--type` names a single type (every quantisable tensor gets it, with llama-quantize
+//! `--pure`'s fallback where a row is not whole blocks: Q4_K -> Q5_0, Q5_K -> Q5_1,
+//! Q6_K -> Q8_0, Q3_K/Q2_K -> Q4_0) or a mix (`q4_k_m`, `q5_k_m`: llama-quantize's
+//! per-tensor rules, see `gguf::quant::mix`). Each tensor is dequantised to f32 and
+//! quantised with ggml's reference quantiser; a tensor already of its new type is
+//! copied as it is (as llama-quantize does); tensors llama-quantize leaves alone (1-D,
+//! norms) keep their type. All metadata is copied, `general.file_type` is set as
+//! llama-quantize sets it and `general.alignment` to the chosen alignment. The output is
+//! written to a temporary file in the same directory and renamed into place; converting
+//! a file onto itself is refused.
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use gguf::quant::{can_dequantize, quantize_q8_0};
-use gguf::{GgmlType, Gguf, GgufFile, GgufWriter, TensorInfo, Value, FILE_TYPE_MOSTLY_Q8_0};
+use gguf::quant::mix::{self, Scheme, TensorDesc};
+use gguf::quant::{can_dequantize, can_quantize};
+use gguf::{GgmlType, Gguf, GgufFile, GgufWriter, TensorInfo, Value};
 
-/// Target type of `convert`.
+/// Target type (or mix) of `convert`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TargetType {
+    /// 32-bit floats.
+    #[value(name = "f32")]
+    F32,
+    /// 16-bit floats.
+    #[value(name = "f16")]
+    F16,
     /// 8-bit blocks of 32 with an f16 scale (34 bytes per 32 weights).
     #[value(name = "q8_0")]
     Q8_0,
+    /// 4-bit blocks of 32, symmetric (18 bytes per 32).
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// 4-bit blocks of 32 with a min (20 bytes per 32).
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// 5-bit blocks of 32, symmetric (22 bytes per 32).
+    #[value(name = "q5_0")]
+    Q5_0,
+    /// 5-bit blocks of 32 with a min (24 bytes per 32).
+    #[value(name = "q5_1")]
+    Q5_1,
+    /// 2-bit K-quant (84 bytes per 256; rows not a multiple of 256 fall back to Q4_0).
+    #[value(name = "q2_k")]
+    Q2K,
+    /// 3-bit K-quant (110 bytes per 256; fallback Q4_0).
+    #[value(name = "q3_k")]
+    Q3K,
+    /// 4-bit K-quant (144 bytes per 256; fallback Q5_0).
+    #[value(name = "q4_k")]
+    Q4K,
+    /// 5-bit K-quant (176 bytes per 256; fallback Q5_1).
+    #[value(name = "q5_k")]
+    Q5K,
+    /// 6-bit K-quant (210 bytes per 256; fallback Q8_0).
+    #[value(name = "q6_k")]
+    Q6K,
+    /// llama-quantize's Q4_K_M mix: Q4_K, with Q6_K for the output (or tied embedding)
+    /// and half the attn_v and ffn_down tensors.
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// llama-quantize's Q5_K_M mix: as q4_k_m with Q5_K as the base.
+    #[value(name = "q5_k_m")]
+    Q5KM,
 }
+
+impl TargetType {
+    fn scheme(self) -> Scheme {
+        use GgmlType as G;
+        match self {
+            TargetType::F32 => Scheme::Pure(G::F32),
+            TargetType::F16 => Scheme::Pure(G::F16),
+            TargetType::Q8_0 => Scheme::Pure(G::Q8_0),
+            TargetType::Q4_0 => Scheme::Pure(G::Q4_0),
+            TargetType::Q4_1 => Scheme::Pure(G::Q4_1),
+            TargetType::Q5_0 => Scheme::Pure(G::Q5_0),
+            TargetType::Q5_1 => Scheme::Pure(G::Q5_1),
+            TargetType::Q2K => Scheme::Pure(G::Q2_K),
+            TargetType::Q3K => Scheme::Pure(G::Q3_K),
+            TargetType::Q4K => Scheme::Pure(G::Q4_K),
+            TargetType::Q5K => Scheme::Pure(G::Q5_K),
+            TargetType::Q6K => Scheme::Pure(G::Q6_K),
+            TargetType::Q4KM => Scheme::Q4KM,
+            TargetType::Q5KM => Scheme::Q5KM,
+        }
+    }
+}
+
+/// Smallest `--align`: the GGUF spec asks for a multiple of 8 (the engine itself reads
+/// tensors as 4-byte words).
+const MIN_ALIGN: u64 = 8;
+/// Largest `--align` (a u32 power of two).
+const MAX_ALIGN: u64 = 1 << 31;
 
 /// Arguments of `convert`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Input GGUF file.
     pub input: PathBuf,
-    /// Output GGUF file (written to a temporary name beside it, then renamed).
+    /// Output GGUF file (written to a temporary name beside it, then renamed); must not
+    /// be the input file.
     pub output: PathBuf,
-    /// Type for every 2-D weight; 1-D tensors keep their type.
+    /// Type for every quantisable weight (single types as `llama-quantize --pure`), or
+    /// a mix (q4_k_m, q5_k_m); 1-D tensors and norms keep their type.
     #[arg(long = "type", value_name = "TYPE", value_enum, default_value = "q8_0")]
     pub ty: TargetType,
-    /// Alignment of the data section and of every tensor, in bytes (a power of two;
-    /// 4096 puts every tensor on a page boundary). Default: the input's alignment.
+    /// Alignment of the data section and of every tensor, in bytes: a power of two from
+    /// 8 to 2^31 (4096 puts every tensor on a page boundary). Default: the input's
+    /// alignment.
     #[arg(long)]
     pub align: Option<u64>,
 }
 
+/// Refuses an alignment the GGUF spec or the engine cannot use.
+fn check_align(align: u64) -> Result<()> {
+    if !align.is_power_of_two() || !(MIN_ALIGN..=MAX_ALIGN).contains(&align) {
+        bail!(
+            "--align {align} is not usable: the alignment must be a power of two from \
+             {MIN_ALIGN} to 2^31 (GGUF asks for a multiple of 8; 32 is the default, 4096 \
+             page-aligns every tensor)"
+        );
+    }
+    Ok(())
+}
+
+/// Refuses to write over the input: the same device and inode, however the paths are
+/// spelt (symlinks and hard links included).
+fn check_not_same_file(input: &Path, output: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(out) = std::fs::metadata(output) else {
+        return Ok(()); // no output yet (or unreachable: creating it will say so)
+    };
+    let inp = std::fs::metadata(input).with_context(|| format!("reading {}", input.display()))?;
+    if (inp.dev(), inp.ino()) == (out.dev(), out.ino()) {
+        bail!(
+            "refusing to convert {} onto itself: {} is the same file (device {}, inode {}); \
+             write to another path",
+            input.display(),
+            output.display(),
+            inp.dev(),
+            inp.ino()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses input whose tensors share bytes: converting each alias separately would
+/// multiply the output (a file of aliases can claim far more tensor data than it holds).
+fn check_no_aliasing(g: &Gguf, file_len: u64) -> Result<()> {
+    let data = file_len.saturating_sub(g.data_offset);
+    let claimed = g
+        .tensors
+        .iter()
+        .map(|t| t.n_bytes())
+        .try_fold(0u64, |a, b| a.checked_add(b))
+        .unwrap_or(u64::MAX);
+    if claimed > data {
+        bail!(
+            "the tensors claim {claimed} bytes but the data section holds {data}: tensor \
+             data overlaps (aliased tensors), refusing to convert"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> Result<()> {
     let start = std::time::Instant::now();
+    check_not_same_file(&args.input, &args.output)?;
     let input =
         GgufFile::open(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let align = args.align.unwrap_or(input.gguf().alignment);
-    if !align.is_power_of_two() || align > 1 << 31 {
-        bail!("--align {align} is not a power of two between 1 and 2^31");
-    }
-    let target = match args.ty {
-        TargetType::Q8_0 => GgmlType::Q8_0,
-    };
-    let writer = build(&input, target, align)?;
+    check_align(align)?;
+    check_no_aliasing(input.gguf(), input.bytes().len() as u64)?;
+    let scheme = args.ty.scheme();
+    let types = plan(input.gguf(), scheme);
+    let writer = build(&input, &types, scheme, align)?;
     let bytes_written = write_atomically(&writer, &args.output)?;
-    let requantized = input
+    let changed = input
         .gguf()
         .tensors
         .iter()
-        .filter(|t| converts(t, target))
+        .zip(&types)
+        .filter(|(t, ty)| t.ty != **ty)
         .count();
+    let mut counts = std::collections::BTreeMap::new();
+    for ty in &types {
+        *counts.entry(ty.name()).or_insert(0usize) += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
     eprintln!(
-        "converted {} -> {}: {} tensors requantised to {}, {} copied, {} bytes, alignment {}, {:.2} s",
+        "converted {} -> {}: {} tensors requantised, {} copied ({}), {} bytes, alignment {}, {:.2} s",
         args.input.display(),
         args.output.display(),
-        requantized,
-        target,
-        input.gguf().tensors.len() - requantized,
+        changed,
+        types.len() - changed,
+        counts.join(", "),
         bytes_written,
         align,
         start.elapsed().as_secs_f64()
@@ -72,33 +206,47 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Whether `t` becomes `target`: 2-D tensors whose rows are whole target blocks and are
-/// not already of the target type.
-fn converts(t: &TensorInfo, target: GgmlType) -> bool {
-    t.shape.len() == 2 && t.ty != target && t.row_len().is_multiple_of(target.block_size() as u64)
+/// The new type of every tensor (llama-quantize's choice for `scheme`).
+fn plan(g: &Gguf, scheme: Scheme) -> Vec<GgmlType> {
+    let arch = g.get_str("general.architecture").unwrap_or("llama");
+    let n_layer = g
+        .get(&format!("{arch}.block_count"))
+        .and_then(|v| v.as_integer())
+        .and_then(|v| u64::try_from(v).ok())
+        .unwrap_or(0);
+    let descs: Vec<TensorDesc<'_>> = g
+        .tensors
+        .iter()
+        .map(|t| TensorDesc {
+            name: &t.name,
+            shape: &t.shape,
+            ty: t.ty,
+        })
+        .collect();
+    mix::plan(scheme, &descs, n_layer)
 }
 
 fn requantize(file: &GgufFile, t: &TensorInfo, target: GgmlType) -> Result<Vec<u8>> {
     if !can_dequantize(t.ty) {
         bail!("tensor '{}': cannot dequantise {} yet", t.name, t.ty);
     }
+    if !can_quantize(target) {
+        bail!("tensor '{}': no quantiser for {target}", t.name);
+    }
     let n = usize::try_from(t.n_elements())?;
     let x = gguf::dequantize_row(t.ty, file.tensor_data(t), n)
         .with_context(|| format!("dequantising tensor '{}'", t.name))?;
-    match target {
-        GgmlType::Q8_0 => Ok(quantize_q8_0(&x)?),
-        other => bail!("no quantiser for {other}"),
-    }
+    gguf::quant::quantize(target, &x).with_context(|| format!("quantising tensor '{}'", t.name))
 }
 
 /// Builds the converted file in memory. Tensors are requantised on every available core.
-fn build(file: &GgufFile, target: GgmlType, align: u64) -> Result<GgufWriter> {
+fn build(file: &GgufFile, types: &[GgmlType], scheme: Scheme, align: u64) -> Result<GgufWriter> {
     let g: &Gguf = file.gguf();
     let mut writer = GgufWriter::try_new(align)?;
     for (k, v) in &g.metadata {
         writer.add_metadata(k.clone(), v.clone());
     }
-    writer.add_metadata("general.file_type", Value::U32(FILE_TYPE_MOSTLY_Q8_0));
+    writer.add_metadata("general.file_type", Value::U32(scheme.file_type()));
     writer.add_metadata(gguf::writer::ALIGNMENT_KEY, Value::U32(align as u32));
 
     // A shared counter hands out tensors to one thread per core; results keep file order.
@@ -112,9 +260,11 @@ fn build(file: &GgufFile, target: GgmlType, align: u64) -> Result<GgufWriter> {
             let next = &next;
             s.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(t) = g.tensors.get(i) else { break };
-                let out = if converts(t, target) {
-                    requantize(file, t, target)
+                let (Some(t), Some(&ty)) = (g.tensors.get(i), types.get(i)) else {
+                    break;
+                };
+                let out = if ty != t.ty {
+                    requantize(file, t, ty)
                 } else {
                     Ok(file.tensor_data(t).to_vec())
                 };
@@ -128,9 +278,8 @@ fn build(file: &GgufFile, target: GgmlType, align: u64) -> Result<GgufWriter> {
             results[i] = Some(out);
         }
     });
-    for (t, out) in g.tensors.iter().zip(results) {
+    for ((t, out), &ty) in g.tensors.iter().zip(results).zip(types) {
         let data = out.context("a conversion thread stopped early")??;
-        let ty = if converts(t, target) { target } else { t.ty };
         writer
             .add_tensor(t.name.clone(), ty, &t.shape, data)
             .with_context(|| format!("adding tensor '{}'", t.name))?;

@@ -306,10 +306,209 @@ fn bad_inputs_fail_with_a_clear_message() {
         &["--align 48", "power of two"],
     );
     assert_fails(
-        &["convert", ins, outs, "--type", "q2_k"],
-        &["invalid value 'q2_k'"],
+        &["convert", ins, outs, "--type", "q7_k"],
+        &["invalid value 'q7_k'"],
     );
     let nodir = dir.join("no/such/dir/out.gguf");
     assert_fails(&["convert", ins, nodir.to_str().unwrap()], &["creating"]);
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
+}
+
+/// sha256 of a file, to show it was not touched.
+fn sha_of(p: &Path) -> String {
+    format!("{:x}", Sha256::digest(std::fs::read(p).unwrap()))
+}
+
+// Issue 12 defect 11: `convert X X` replaced its input (exit 0). Fails before the fix.
+#[test]
+fn convert_refuses_to_write_over_its_input() {
+    let dir = scratch("same-file");
+    let (w, _, _) = synthetic();
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, w.to_bytes()).unwrap();
+    let before = sha_of(&input);
+    let link = dir.join("link.gguf");
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    let hard = dir.join("hard.gguf");
+    std::fs::hard_link(&input, &hard).unwrap();
+    let dotted = dir.join(".").join("in.gguf");
+    let ins = input.to_str().unwrap();
+    for out in [&input, &link, &hard, &dotted] {
+        assert_fails(
+            &["convert", ins, out.to_str().unwrap()],
+            &["onto itself", "same file"],
+        );
+        assert_eq!(
+            sha_of(&input),
+            before,
+            "input changed by convert to {}",
+            out.display()
+        );
+    }
+    // The other way round too: the link as input, the real file as output.
+    assert_fails(&["convert", link.to_str().unwrap(), ins], &["onto itself"]);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(sha_of(&input), before);
+    // A different file is fine.
+    ok_stdout(&["convert", ins, dir.join("out.gguf").to_str().unwrap()]);
+}
+
+// Issue 12 defect 12: `--align 1` wrote a file the engine refused ("tensor 0 starts at
+// 1785697, not a multiple of 4"). Fails before the fix.
+#[test]
+fn convert_refuses_alignments_the_engine_cannot_use() {
+    let dir = scratch("align");
+    let (w, _, _) = synthetic();
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, w.to_bytes()).unwrap();
+    let (ins, out) = (input.to_str().unwrap(), dir.join("out.gguf"));
+    let outs = out.to_str().unwrap();
+    for bad in ["1", "2", "4", "0", "12", "4294967296"] {
+        assert_fails(
+            &["convert", ins, outs, "--align", bad],
+            &[&format!("--align {bad}"), "power of two from 8"],
+        );
+        assert!(!out.exists(), "--align {bad} wrote a file");
+    }
+    for good in ["8", "4096"] {
+        ok_stdout(&["convert", ins, outs, "--align", good]);
+        let g = Gguf::parse(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(g.alignment.to_string(), good);
+        for t in &g.tensors {
+            assert_eq!(
+                g.tensor_range(t).start % 4,
+                0,
+                "{} not word-aligned",
+                t.name
+            );
+        }
+    }
+}
+
+/// Sets the data offset of tensor `name` in a GGUF written by [`GgufWriter`].
+fn set_tensor_offset(bytes: &mut [u8], name: &str, n_dims: usize, offset: u64) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(name.as_bytes());
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key.as_slice())
+        .expect("tensor name in header");
+    let field = at + key.len() + 4 + 8 * n_dims + 4;
+    bytes[field..field + 8].copy_from_slice(&offset.to_le_bytes());
+}
+
+// Issue 12 defect 9: tensors aliasing one another's bytes made convert write many times
+// the input. Refused (by convert's own bound, and by the reader once it refuses
+// overlapping tensors). Fails before the fix.
+#[test]
+fn convert_refuses_aliased_tensors() {
+    let dir = scratch("alias");
+    let mut w = GgufWriter::new(32);
+    w.add_metadata("general.architecture", Value::String("llama".into()));
+    let q = quantize_q8_0(&vec![0.5f32; 256 * 4]).unwrap();
+    w.add_tensor("a.weight", GgmlType::Q8_0, &[256, 4], q.clone())
+        .unwrap();
+    for i in 0..8 {
+        w.add_tensor(
+            format!("alias{i}.weight"),
+            GgmlType::Q8_0,
+            &[256, 4],
+            q.clone(),
+        )
+        .unwrap();
+    }
+    let mut bytes = w.to_bytes();
+    for i in 0..8 {
+        set_tensor_offset(&mut bytes, &format!("alias{i}.weight"), 2, 0);
+    }
+    // Drop the bytes the aliases no longer use: the file now holds one tensor's data.
+    let keep = bytes.len() - 8 * q.len().div_ceil(32) * 32;
+    bytes.truncate(keep);
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, &bytes).unwrap();
+    let out = dir.join("out.gguf");
+    assert_fails(
+        &["convert", input.to_str().unwrap(), out.to_str().unwrap()],
+        &["overlap"],
+    );
+    assert!(!out.exists());
+}
+
+/// The types llama-quantize d775b8967 gives SmolLM2-135M's 211 weights (FACTS.md): the
+/// single K types fall back where rows are 576 wide, only the 30 ffn_down (1536 wide)
+/// get the K type; the mixes follow its Q4_K_M/Q5_K_M rules.
+#[test]
+fn convert_default_model_to_every_type() {
+    use GgmlType::*;
+    let src = model("SmolLM2-135M-Instruct.Q8_0.gguf");
+    let src_bytes = std::fs::read(&src).unwrap();
+    let gs = Gguf::parse(&src_bytes).unwrap();
+    let dir = scratch("types");
+    let out = dir.join("out.gguf");
+    // use_more_bits(i, 30): layers 0-2, 26-29 and every third from 5.
+    let more = |l: usize| !(3..26).contains(&l) || (l - 3) % 3 == 2;
+    let cases: [(&str, u32, GgmlType, GgmlType); 9] = [
+        ("q4_k", 15, Q4_K, Q5_0),
+        ("q5_k", 17, Q5_K, Q5_1),
+        ("q6_k", 18, Q6_K, Q8_0),
+        ("q3_k", 12, Q3_K, Q4_0),
+        ("q2_k", 10, Q2_K, Q4_0),
+        ("q5_0", 8, Q5_0, Q5_0),
+        ("q5_1", 9, Q5_1, Q5_1),
+        ("q4_k_m", 15, Q4_K, Q5_0),
+        ("q5_k_m", 17, Q5_K, Q5_1),
+    ];
+    for (name, file_type, k, narrow) in cases {
+        ok_stdout(&[
+            "convert",
+            src.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--type",
+            name,
+        ]);
+        let bytes = std::fs::read(&out).unwrap();
+        let g = Gguf::parse(&bytes).unwrap();
+        assert_eq!(g.get_u32("general.file_type").unwrap(), file_type, "{name}");
+        assert_eq!(g.tensors.len(), 272);
+        let mixed = name.ends_with("_m");
+        for t in &g.tensors {
+            let n = &t.name;
+            let layer: Option<usize> = n
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next()?.parse().ok());
+            let want = if t.shape.len() == 1 {
+                F32
+            } else if mixed
+                && (n == "token_embd.weight" || n.contains("attn_v") && more(layer.unwrap()))
+            {
+                // Q6_K for the tied output and these attn_v; 576 wide, it falls back.
+                Q8_0
+            } else if mixed && n.contains("ffn_down") && more(layer.unwrap()) {
+                Q6_K
+            } else if n.contains("ffn_down") {
+                k
+            } else {
+                narrow
+            };
+            assert_eq!(t.ty, want, "{name}: {n}");
+        }
+        // The bytes are the reference quantiser's: dequantise the source, quantise.
+        for n in ["blk.0.ffn_down.weight", "blk.7.attn_v.weight"] {
+            let (ts, to) = (gs.tensor(n).unwrap(), g.tensor(n).unwrap());
+            let x = dequantize_row(
+                ts.ty,
+                gs.tensor_data(&src_bytes, ts),
+                ts.n_elements() as usize,
+            )
+            .unwrap();
+            let want = gguf::quant::quantize(to.ty, &x).unwrap();
+            assert!(
+                g.tensor_data(&bytes, to) == want.as_slice(),
+                "{name}: {n} bytes"
+            );
+        }
+    }
 }

@@ -7,10 +7,18 @@
 //! `bytemuck::pod_read_unaligned`.
 
 use bytemuck::{Pod, Zeroable};
-use half::{bf16, f16};
+use half::f16;
 
 use crate::error::GgufError;
 use crate::types::GgmlType;
+
+mod k_dequant;
+mod k_quant;
+mod k_search;
+pub mod mix;
+
+pub use k_dequant::q3_k_scales;
+pub use k_quant::{quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k};
 
 /// Elements per block of the 32-element formats.
 pub const QK: usize = 32;
@@ -71,6 +79,39 @@ pub struct BlockQ4_K {
     pub qs: [u8; QK_K / 2],
 }
 
+/// Q2_K: 256 weights in 16 groups of 16, 2 bits each; per group a 4-bit scale (low
+/// nibble of `scales`) and a 4-bit min (high nibble).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ2_K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: f16,
+    pub dmin: f16,
+}
+
+/// Q3_K: 256 weights in 16 groups of 16, 2 bits in `qs` plus a high bit in `hmask`;
+/// sixteen 6-bit signed scales packed in 12 bytes (see [`q3_k_scales`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ3_K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: f16,
+}
+
+/// Q5_K: as Q4_K, with the fifth bit of every weight in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ5_K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
 /// Q6_K: 256 weights in 16 groups of 16, 6 bits each (4 in `ql`, 2 in `qh`), i8 scales.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
@@ -88,6 +129,9 @@ const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
 const _: () = assert!(std::mem::size_of::<BlockQ4_K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6_K>() == 210);
+const _: () = assert!(std::mem::size_of::<BlockQ2_K>() == 84);
+const _: () = assert!(std::mem::size_of::<BlockQ3_K>() == 110);
+const _: () = assert!(std::mem::size_of::<BlockQ5_K>() == 176);
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -114,13 +158,14 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q6_K
+        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
     )
 }
 
 /// Dequantises `out.len()` elements of type `ty` from `data`, which must be exactly
 /// `ty.row_bytes(out.len())` bytes. Supports F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q4_K and Q6_K.
+/// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, bit for bit as ggml (and the `gguf` Python
+/// package) dequantise them.
 pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), GgufError> {
     if !can_dequantize(ty) {
         return Err(GgufError::Unsupported {
@@ -140,14 +185,30 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Gguf
             .for_each(|(b, o)| o[0] = f16::from_le_bytes([b[0], b[1]]).to_f32()),
         GgmlType::BF16 => blocks
             .zip(outs)
-            .for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            // The top 16 bits of an f32, NaN payloads included (as ggml's plain shift).
+            .for_each(|(b, o)| {
+                o[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+            }),
         GgmlType::Q8_0 => blocks.zip(outs).for_each(|(b, o)| dequant_q8_0(b, o)),
         GgmlType::Q4_0 => blocks.zip(outs).for_each(|(b, o)| dequant_q4_0(b, o)),
         GgmlType::Q4_1 => blocks.zip(outs).for_each(|(b, o)| dequant_q4_1(b, o)),
         GgmlType::Q5_0 => blocks.zip(outs).for_each(|(b, o)| dequant_q5_0(b, o)),
         GgmlType::Q5_1 => blocks.zip(outs).for_each(|(b, o)| dequant_q5_1(b, o)),
-        GgmlType::Q4_K => blocks.zip(outs).for_each(|(b, o)| dequant_q4_k(b, o)),
-        GgmlType::Q6_K => blocks.zip(outs).for_each(|(b, o)| dequant_q6_k(b, o)),
+        GgmlType::Q2_K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| k_dequant::dequant_q2_k(b, o)),
+        GgmlType::Q3_K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| k_dequant::dequant_q3_k(b, o)),
+        GgmlType::Q4_K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| k_dequant::dequant_q4_k(b, o)),
+        GgmlType::Q5_K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| k_dequant::dequant_q5_k(b, o)),
+        GgmlType::Q6_K => blocks
+            .zip(outs)
+            .for_each(|(b, o)| k_dequant::dequant_q6_k(b, o)),
         _ => unreachable!("checked by can_dequantize"),
     }
     Ok(())
@@ -229,44 +290,13 @@ pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
-fn dequant_q4_k(b: &[u8], o: &mut [f32]) {
-    let blk: BlockQ4_K = bytemuck::pod_read_unaligned(b);
-    let d = blk.d.to_f32();
-    let dmin = blk.dmin.to_f32();
-    for g in 0..4 {
-        let (sc1, m1) = scale_min_k4(2 * g, &blk.scales);
-        let (sc2, m2) = scale_min_k4(2 * g + 1, &blk.scales);
-        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-        let q = &blk.qs[32 * g..32 * g + 32];
-        let y = &mut o[64 * g..64 * g + 64];
-        for l in 0..32 {
-            y[l] = d1 * (q[l] & 0x0F) as f32 - m1;
-            y[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
-        }
-    }
-}
-
-fn dequant_q6_k(b: &[u8], o: &mut [f32]) {
-    let blk: BlockQ6_K = bytemuck::pod_read_unaligned(b);
-    let d = blk.d.to_f32();
-    for n in 0..2 {
-        let ql = &blk.ql[64 * n..64 * n + 64];
-        let qh = &blk.qh[32 * n..32 * n + 32];
-        let sc = &blk.scales[8 * n..8 * n + 8];
-        let y = &mut o[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            y[l] = d * sc[is] as f32 * q1 as f32;
-            y[l + 32] = d * sc[is + 2] as f32 * q2 as f32;
-            y[l + 64] = d * sc[is + 4] as f32 * q3 as f32;
-            y[l + 96] = d * sc[is + 6] as f32 * q4 as f32;
-        }
-    }
+/// Whether [`quantize`] supports `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
 }
 
 fn blocks_of(x: &[f32], block: usize) -> Result<std::slice::ChunksExact<'_, f32>, GgufError> {
@@ -375,7 +405,8 @@ pub fn quantize_q5_1(x: &[f32]) -> Result<Vec<u8>, GgufError> {
         out.extend_from_slice(&f16::from_f32(lo).to_le_bytes());
         let mut v = [0u8; 32];
         for (q, &x) in v.iter_mut().zip(blk) {
-            *q = (((x - lo) * id + 0.5) as i8).clamp(0, 31) as u8;
+            // No clamp, as ggml: `(uint8_t)(x0 + 0.5f)`, at most 31 for finite input.
+            *q = ((x - lo) * id + 0.5) as u8;
         }
         pack_q5(&v, &mut out);
     }
@@ -395,7 +426,7 @@ pub fn quantize_f32(x: &[f32]) -> Vec<u8> {
 }
 
 /// Quantises `x` to `ty` where this crate has a quantiser (F32, F16, Q8_0, Q4_0, Q4_1,
-/// Q5_0, Q5_1).
+/// Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), each as ggml's reference quantiser.
 pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
     match ty {
         GgmlType::F32 => Ok(quantize_f32(x)),
@@ -405,6 +436,11 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, GgufError> {
         GgmlType::Q4_1 => quantize_q4_1(x),
         GgmlType::Q5_0 => quantize_q5_0(x),
         GgmlType::Q5_1 => quantize_q5_1(x),
+        GgmlType::Q2_K => quantize_q2_k(x),
+        GgmlType::Q3_K => quantize_q3_k(x),
+        GgmlType::Q4_K => quantize_q4_k(x),
+        GgmlType::Q5_K => quantize_q5_k(x),
+        GgmlType::Q6_K => quantize_q6_k(x),
         _ => Err(GgufError::Unsupported {
             op: "quantisation",
             ty,
