@@ -16,10 +16,14 @@ pub use residency::{
 };
 
 pub mod forward;
+pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod pagecache;
 pub mod sampling;
 pub mod session;
+pub use generate::{
+    Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,
+};
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
