@@ -207,11 +207,17 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         (args.procs.clone(), true)
     };
-    let ids_arg = prompt_ids
+    // The ids go to the children through a file: a long prompt (`-p 100000`) on the
+    // command line fails with "Argument list too long".
+    let ids_file = tmp.path().join("prompt_ids.txt");
+    let ids_list = prompt_ids
         .iter()
         .map(|i| i.to_string())
         .collect::<Vec<_>>()
         .join(",");
+    std::fs::write(&ids_file, ids_list)
+        .with_context(|| format!("writing {}", ids_file.display()))?;
+    let ids_arg = format!("@{}", ids_file.display());
     eprintln!(
         "bench: {} ({:.1} MB), arms {}, {} repetition(s), prompt {} tokens ({}), decode {} tokens{}{}",
         args.model.display(),
@@ -330,7 +336,7 @@ pub fn run(args: Args) -> Result<()> {
         interrupted: interrupted.load(Ordering::SeqCst),
     };
     let summary = report::Summary::new(&bench);
-    println!("{}", table::table(&bench, &summary));
+    outln!("{}", table::table(&bench, &summary));
     if let Some(path) = &args.json {
         let json = report::to_json(&bench, &summary);
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
@@ -486,7 +492,7 @@ fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
         };
         let never = AtomicBool::new(false);
         let result = child::run_group(&spec, &never)?;
-        println!("\nper-kernel GPU time of one decode token, {}:", arm.name);
+        outln!("\nper-kernel GPU time of one decode token, {}:", arm.name);
         for c in &result.children {
             match &c.stats {
                 Ok(_) => {
@@ -496,12 +502,12 @@ fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
                         .skip_while(|l| !l.trim_start().starts_with("kernel"))
                         .collect();
                     if table.is_empty() {
-                        println!("(the run printed no profile)\n{}", c.stderr_tail.trim_end());
+                        outln!("(the run printed no profile)\n{}", c.stderr_tail.trim_end());
                     } else {
-                        println!("{}", table.join("\n"));
+                        outln!("{}", table.join("\n"));
                     }
                 }
-                Err(f) => println!(
+                Err(f) => outln!(
                     "the profile run failed: {}\n{}",
                     f.reason,
                     f.stderr_tail.trim_end()

@@ -138,14 +138,15 @@ fn plan_report(
 
 fn print_plan(p: &PlanReport, r: &Report) {
     let plan = &p.plan;
-    println!("shard plan on device {} ({})", p.device_index, p.device);
-    println!(
+    outln!("shard plan on device {} ({})", p.device_index, p.device);
+    outln!(
         "  auto                 {:?}: {}",
-        p.auto.mode, p.auto.reason
+        p.auto.mode,
+        p.auto.reason
     );
-    println!("  alignment            {}", plan.align);
-    println!("  cap                  {}", plan.cap);
-    println!(
+    outln!("  alignment            {}", plan.align);
+    outln!("  cap                  {}", plan.cap);
+    outln!(
         "  shards               {} ({} bytes)",
         plan.shards.len(),
         plan.total_bytes()
@@ -156,11 +157,11 @@ fn print_plan(p: &PlanReport, r: &Report) {
         } else {
             ""
         };
-        println!("  shard {i:<4} {:>12} + {:>12}{past}", s.start, s.len);
+        outln!("  shard {i:<4} {:>12} + {:>12}{past}", s.start, s.len);
     }
     for (t, parts) in r.tensors.iter().zip(&plan.placements) {
         if parts.len() > 1 {
-            println!("  {} split into {} row ranges", t.name, parts.len());
+            outln!("  {} split into {} row ranges", t.name, parts.len());
         }
     }
 }
@@ -252,46 +253,48 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
 }
 
 fn print_text(r: &Report) {
-    println!("file          {} ({} bytes)", r.path, r.file_size);
-    println!(
+    outln!("file          {} ({} bytes)", r.path, r.file_size);
+    outln!(
         "format        GGUF v{}, alignment {}, data at offset {}",
-        r.version, r.alignment, r.data_offset
+        r.version,
+        r.alignment,
+        r.data_offset
     );
-    println!(
+    outln!(
         "model         {} ({}), file_type {}",
         opt(&r.architecture),
         opt(&r.name),
         opt(&r.file_type)
     );
     let h = &r.hyperparameters;
-    println!("hyper-parameters");
-    println!("  block_count          {}", opt(&h.block_count));
-    println!("  embedding_length     {}", opt(&h.embedding_length));
-    println!("  feed_forward_length  {}", opt(&h.feed_forward_length));
-    println!("  head_count           {}", opt(&h.head_count));
-    println!("  head_count_kv        {}", opt(&h.head_count_kv));
-    println!("  rope_freq_base       {}", opt(&h.rope_freq_base));
-    println!("  rms_eps              {}", opt(&h.rms_eps));
-    println!("  context_length       {}", opt(&h.context_length));
-    println!("  vocab_size           {}", opt(&h.vocab_size));
+    outln!("hyper-parameters");
+    outln!("  block_count          {}", opt(&h.block_count));
+    outln!("  embedding_length     {}", opt(&h.embedding_length));
+    outln!("  feed_forward_length  {}", opt(&h.feed_forward_length));
+    outln!("  head_count           {}", opt(&h.head_count));
+    outln!("  head_count_kv        {}", opt(&h.head_count_kv));
+    outln!("  rope_freq_base       {}", opt(&h.rope_freq_base));
+    outln!("  rms_eps              {}", opt(&h.rms_eps));
+    outln!("  context_length       {}", opt(&h.context_length));
+    outln!("  vocab_size           {}", opt(&h.vocab_size));
     let t = &r.tokenizer;
-    println!("tokenizer");
-    println!("  model                {}", opt(&t.model));
-    println!("  pre                  {}", opt(&t.pre));
-    println!("  vocab_size           {}", opt(&t.vocab_size));
-    println!("  bos_token_id         {}", opt(&t.bos_token_id));
-    println!("  eos_token_id         {}", opt(&t.eos_token_id));
-    println!(
+    outln!("tokenizer");
+    outln!("  model                {}", opt(&t.model));
+    outln!("  pre                  {}", opt(&t.pre));
+    outln!("  vocab_size           {}", opt(&t.vocab_size));
+    outln!("  bos_token_id         {}", opt(&t.bos_token_id));
+    outln!("  eos_token_id         {}", opt(&t.eos_token_id));
+    outln!(
         "  chat_template        {}",
         if t.has_chat_template { "yes" } else { "no" }
     );
     if let Some(md) = &r.metadata {
-        println!("metadata ({} keys)", r.metadata_count);
+        outln!("metadata ({} keys)", r.metadata_count);
         for (k, v) in md {
-            println!("  {k:<40} {v}");
+            outln!("  {k:<40} {v}");
         }
     }
-    println!("tensors ({})", r.tensor_count);
+    outln!("tensors ({})", r.tensor_count);
     let width = r
         .tensors
         .iter()
@@ -299,9 +302,13 @@ fn print_text(r: &Report) {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!(
+    outln!(
         "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
-        "name", "type", "shape", "offset", "bytes"
+        "name",
+        "type",
+        "shape",
+        "offset",
+        "bytes"
     );
     for t in &r.tensors {
         let shape = t
@@ -310,24 +317,33 @@ fn print_text(r: &Report) {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(" x ");
-        println!(
+        outln!(
             "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
-            t.name, t.ty, shape, t.offset, t.bytes
+            t.name,
+            t.ty,
+            shape,
+            t.offset,
+            t.bytes
         );
     }
-    println!("totals by type");
+    outln!("totals by type");
     for (ty, tot) in &r.totals_by_type {
         let bpw = GgmlType::from_name(ty)
             .map(|g| 8.0 * g.type_size() as f64 / g.block_size() as f64)
             .unwrap_or(0.0);
-        println!(
+        outln!(
             "  {:<6} {:>4} tensors {:>12} elements {:>12} bytes ({bpw:.2} bits/weight)",
-            ty, tot.count, tot.elements, tot.bytes
+            ty,
+            tot.count,
+            tot.elements,
+            tot.bytes
         );
     }
-    println!(
+    outln!(
         "  all    {:>4} tensors {:>12} elements {:>12} bytes",
-        r.tensor_count, r.parameters, r.tensor_bytes
+        r.tensor_count,
+        r.parameters,
+        r.tensor_bytes
     );
 }
 
@@ -343,7 +359,7 @@ pub fn run(args: Args) -> Result<()> {
         r.plan = Some(plan_report(&file, args.device, args.import_cap)?);
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print_text(&r);
         if let Some(p) = &r.plan {

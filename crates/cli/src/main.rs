@@ -5,10 +5,25 @@
 //! and maps failures to exit codes.
 #![forbid(unsafe_code)]
 
+/// `print!` to stdout, ending the process quietly when the reader has gone (see out.rs).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::write_stdout(format_args!($($arg)*)) };
+}
+
+/// `println!` to stdout, ending the process quietly when the reader has gone (see out.rs).
+macro_rules! outln {
+    () => { $crate::out::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::out::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod bench;
 mod convert;
 mod info;
+mod input;
 mod inspect;
+mod out;
 mod run;
 mod stats;
 mod tokenize;
@@ -72,6 +87,10 @@ fn main() {
         None => run::run(cli.run),
     };
     if let Err(err) = result {
+        // stdout closed by its reader (`| head -1`): nothing more to show, not an error
+        if out::is_broken_pipe(&err) {
+            std::process::exit(0);
+        }
         eprintln!("error: {err}");
         for cause in err.chain().skip(1) {
             eprintln!("  caused by: {cause}");

@@ -5,12 +5,14 @@
 //! stdout. Stats go to stderr and, with `--stats-json`, to a file.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
+use engine::generate::CtxRequest;
 use serde_json::json;
 
 use crate::stats::{parse_size, MemoryReport};
@@ -65,29 +67,37 @@ pub struct Args {
     )]
     pub n_predict: i64,
 
-    /// Context size in tokens (prompt plus generated); 0 uses the model's trained context.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 2048)]
-    pub ctx_size: usize,
+    /// Context size in tokens (prompt plus generated); default 2048 (or the model's
+    /// context if smaller). 0: the model's trained context, capped to what fits in memory
+    /// (said on stderr). Above the trained context is refused; a context whose KV cache
+    /// does not fit is refused up front, naming the bytes it needs.
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
 
-    /// Sampling temperature; 0 is greedy (argmax computed on the GPU, 4 bytes read back per
-    /// token). Default: 0.8 as llama.cpp on the Vulkan backend, 0 on the reference backend.
-    #[arg(long)]
+    /// Sampling temperature; 0 (or below) is greedy (argmax computed on the GPU, 4 bytes
+    /// read back per token). Default: 0.8 as llama.cpp on the Vulkan backend, 0 on the
+    /// reference backend.
+    #[arg(long, allow_negative_numbers = true)]
     pub temp: Option<f32>,
 
     /// Keep only the K most likely tokens (0 disables).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
 
-    /// Keep the smallest set of tokens whose probability sums to P (1.0 disables).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    /// Keep the smallest set of tokens whose probability sums to P, 0 to 1 (1 disables).
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
 
-    /// Drop tokens less likely than P times the most likely one (0 disables).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    /// Drop tokens less likely than P times the most likely one, 0 to 1 (0 disables).
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
 
-    /// Penalise tokens seen in the last --repeat-last-n tokens (1.0 disables).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    /// Penalise tokens seen in the last --repeat-last-n tokens, above 0 (1.0 disables).
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: f32,
 
     /// How many recent tokens the repetition penalty looks at.
@@ -127,6 +137,17 @@ pub struct Args {
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
 
+    /// Parse special-token text in the prompt and system message (`<|im_start|>` becomes
+    /// the control token). Off by default: user text is tokenized as plain text, and with
+    /// --chat only the template's own markup becomes control tokens. Same as `tokenize
+    /// --special`.
+    #[arg(long)]
+    pub special: bool,
+
+    /// Stop when the generated text contains STR (the text before it is kept); repeatable.
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+
     /// Print the detailed memory split and counters on stderr after generation.
     #[arg(long)]
     pub stats: bool,
@@ -156,7 +177,8 @@ pub struct Args {
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
 
-    /// The prompt as token ids, comma-separated, in place of -p (for benchmarks).
+    /// The prompt as token ids, comma-separated, or @FILE holding them, in place of -p
+    /// (for benchmarks).
     #[arg(long = "prompt-ids", hide = true, conflicts_with_all = ["prompt", "chat"])]
     pub prompt_ids: Option<String>,
 
@@ -170,21 +192,39 @@ pub struct Args {
     pub bench_barrier: Option<String>,
 }
 
-/// Set by the Ctrl-C handler; the generation loop stops at the next token.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// Exit status after an interrupt (128 + SIGINT, as shells report it).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
-/// Figures of one generation, in the order they happen.
-#[derive(Default)]
-struct Timings {
-    /// Everything before the first prompt token: Vulkan start, weights, pipelines
-    /// (compiled and warmed), activation buffers.
-    load_ms: f64,
-    /// The part of `load_ms` that puts the weights on the device (import or copy): what
-    /// `--weights` changes.
-    weights_load_ms: f64,
-    prefill_ms: f64,
-    ttft_ms: f64,
-    decode_ms: f64,
+/// Checks the sampling flags: every value finite and in its range.
+fn validate_sampling(args: &Args) -> Result<()> {
+    let check = |name: &str, v: f32, ok: bool, range: &str| -> Result<()> {
+        if !v.is_finite() || !ok {
+            bail!("{name} {v} is out of range: {range}");
+        }
+        Ok(())
+    };
+    if let Some(t) = args.temp {
+        check("--temp", t, true, "a finite number (0 or below is greedy)")?;
+    }
+    check(
+        "--top-p",
+        args.top_p,
+        (0.0..=1.0).contains(&args.top_p),
+        "0 to 1 (1 disables)",
+    )?;
+    check(
+        "--min-p",
+        args.min_p,
+        (0.0..=1.0).contains(&args.min_p),
+        "0 to 1 (0 disables)",
+    )?;
+    check(
+        "--repeat-penalty",
+        args.repeat_penalty,
+        args.repeat_penalty > 0.0,
+        "above 0 (1 disables)",
+    )?;
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -202,64 +242,54 @@ pub fn run(args: Args) -> Result<()> {
     if args.n_predict == 0 || args.n_predict < -1 {
         bail!("-n must be positive, or -1 for \"until end of generation\"");
     }
-    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))
+    validate_sampling(&args)?;
+    // Open the stats file first: a bad path is reported before the generation, not after.
+    let mut stats_file = match &args.stats_json {
+        Some(path) => Some(
+            std::fs::File::create(path)
+                .with_context(|| format!("--stats-json: cannot write {}", path.display()))?,
+        ),
+        None => None,
+    };
+    // Set by Ctrl-C; the generator stops at the next prefill chunk or token.
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let flag = cancel.clone();
+        ctrlc::set_handler(move || {
+            // a second Ctrl-C does not wait for the next chunk or token
+            if flag.swap(true, Ordering::SeqCst) {
+                std::process::exit(EXIT_INTERRUPTED);
+            }
+        })
         .context("installing the Ctrl-C handler")?;
+    }
 
     let file = Arc::new(
         gguf::GgufFile::open(&model_path)
             .with_context(|| format!("opening model {}", model_path.display()))?,
     );
+    // A SIGBUS in the mapping (the file shrank under us) prints one line and exits 74.
     engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let tok = tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?;
-    let text = if args.chat {
-        let template = tokenizer::ChatTemplate::from_gguf(file.gguf())?
-            .context("--chat: the model has no tokenizer.chat_template")?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(tokenizer::Message {
-                role: "system".into(),
-                content: system.clone(),
-            });
-        }
-        messages.push(tokenizer::Message {
-            role: "user".into(),
-            content: prompt.clone(),
-        });
-        let bos = tok
-            .bos()
-            .and_then(|b| tok.piece(b))
-            .unwrap_or("")
-            .to_string();
-        let eos = tok
-            .eos()
-            .and_then(|e| tok.piece(e))
-            .unwrap_or("")
-            .to_string();
-        template.render(&messages, true, &bos, &eos)?
-    } else {
-        prompt.clone()
-    };
+    let stamp = engine::residency::FileStamp::take(&model_path)
+        .with_context(|| format!("reading {}", model_path.display()))?;
+    let tok =
+        Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?);
     let prompt_ids = match &args.prompt_ids {
         Some(list) => parse_ids(list, tok.vocab_size())?,
-        None => tok.encode(&text, true, args.chat)?,
+        None if args.chat => {
+            let template = tokenizer::ChatTemplate::from_gguf(file.gguf())?
+                .context("--chat: the model has no tokenizer.chat_template")?;
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(tokenizer::Message::new("system", system.clone()));
+            }
+            messages.push(tokenizer::Message::new("user", prompt.clone()));
+            engine::generate::chat_prompt_ids(&tok, &template, &messages, args.special)?
+        }
+        None => tok.encode(&prompt, true, args.special)?,
     };
     if prompt_ids.is_empty() {
         bail!("the prompt tokenized to nothing");
-    }
-
-    let cfg = reference::Config::from_gguf(file.gguf())
-        .context("reading the model's hyper-parameters")?;
-    let ctx_len = if args.ctx_size == 0 {
-        cfg.context_length
-    } else {
-        args.ctx_size.min(cfg.context_length.max(1))
-    };
-    if prompt_ids.len() >= ctx_len {
-        bail!(
-            "the prompt is {} tokens but the context holds {ctx_len}: raise -c (the model was trained on {}) or shorten the prompt",
-            prompt_ids.len(),
-            cfg.context_length
-        );
     }
 
     let temp = args.temp.unwrap_or(if args.backend == Backend::Reference {
@@ -273,96 +303,100 @@ pub fn run(args: Args) -> Result<()> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
     });
-    let mut sampler = engine::Sampler::new(engine::SamplerOptions {
-        temperature: temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed,
-    });
-
-    let mut forward = Forward::load(&args, &file, ctx_len)?;
-    let max_new = if args.n_predict < 0 {
-        usize::MAX
-    } else {
-        args.n_predict as usize
+    let load_opts = engine::generate::LoadOptions {
+        backend: match args.backend {
+            Backend::Vulkan => engine::generate::BackendKind::Vulkan,
+            Backend::Reference => engine::generate::BackendKind::Reference,
+        },
+        device: args.device,
+        session: engine::SessionOptions {
+            weights: engine::ResidencyOptions {
+                mode: args.weights.into(),
+                // the cap is about imports: a copy does not use it
+                import_cap: args.import_cap.filter(|_| args.weights != WeightsArg::Copy),
+                mlock: args.mlock,
+            },
+            ctx_len: 0,
+            sync_each_layer: args.sync_each_layer,
+            profile: args.profile,
+            column_split: !args.no_column_split,
+        },
+        ctx: match args.ctx_size {
+            None => CtxRequest::Default(2048),
+            Some(0) => CtxRequest::Model,
+            Some(n) => CtxRequest::Exact(n),
+        },
+        check: args.check,
+    };
+    let loaded = engine::generate::load(&file, &load_opts)?;
+    let info = loaded.info;
+    if let Some(note) = &info.ctx_note {
+        eprintln!("{note}");
+    }
+    let ctx_len = info.ctx_len;
+    if prompt_ids.len() >= ctx_len {
+        bail!(
+            "the prompt is {} tokens but the context holds {ctx_len}: raise -c (the model was trained on {}) or shorten the prompt",
+            prompt_ids.len(),
+            file_context_length(&file)
+        );
+    }
+    let mut generator = engine::Generator::new(loaded.forward, tok.clone());
+    // Between chunks and tokens: stop with an error if the model file was rewritten in
+    // place (a rename leaves the mapped pages intact and is not flagged).
+    generator.set_guard(Box::new(move || stamp.check().map_err(Into::into)));
+    let opts = engine::GenerateOptions {
+        max_tokens: usize::try_from(args.n_predict).ok(),
+        ignore_eos: args.ignore_eos,
+        stop: args.stop.clone(),
+        sampler: engine::SamplerOptions {
+            temperature: temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            repeat_last_n: args.repeat_last_n,
+            seed,
+        },
+        cancel: Some(cancel.clone()),
     };
 
-    // Generate.
-    let mut t = Timings {
-        load_ms: forward.load_ms,
-        weights_load_ms: forward.weights_load_ms,
-        ..Default::default()
-    };
+    // Generate, streaming the text.
     let mut out = std::io::stdout().lock();
-    let mut stream = tokenizer::StreamDecoder::new();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut stop_reason = "n_predict";
-    let mut max_check_diff = 0f32;
-
-    let start = Instant::now();
-    for &id in &prompt_ids {
-        sampler.accept(id);
+    let mut write_err: Option<std::io::Error> = None;
+    let gen = generator.generate(&prompt_ids, &opts, &mut |event| {
+        match event {
+            engine::Event::Text(t) if !args.no_display => {
+                if let Err(e) = out.write_all(t.as_bytes()).and_then(|()| out.flush()) {
+                    write_err = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+            engine::Event::Check { step, diff } => {
+                eprintln!("check: step {step} max |gpu - reference| logit = {diff:.5}")
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    })?;
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::new(e).context("writing the generated text"));
     }
-    let mut next = forward.prefill(&prompt_ids, &mut sampler)?;
-    t.prefill_ms = ms(start);
-    t.ttft_ms = t.prefill_ms;
-    let decode_start = Instant::now();
-    loop {
-        if let Some(d) = forward.last_check_diff.take() {
-            max_check_diff = max_check_diff.max(d);
-            eprintln!(
-                "check: step {} max |gpu - reference| logit = {d:.5}",
-                generated.len()
-            );
-        }
-        if tok.is_eog(next) && !args.ignore_eos {
-            stop_reason = "eog";
-            break;
-        }
-        generated.push(next);
-        sampler.accept(next);
-        if !args.no_display {
-            write!(out, "{}", stream.push(&tok, next))?;
-            out.flush()?;
-        }
-        if generated.len() >= max_new {
-            break;
-        }
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            stop_reason = "interrupted";
-            break;
-        }
-        let pos = prompt_ids.len() + generated.len();
-        if pos >= ctx_len {
-            stop_reason = "context_full";
-            break;
-        }
-        next = forward.step(next, pos - 1, &mut sampler)?;
-    }
-    t.decode_ms = ms(decode_start);
     if !args.no_display {
-        writeln!(out, "{}", stream.finish())?;
+        writeln!(out)?;
     }
     drop(out);
-    match stop_reason {
-        "context_full" => {
+    let interrupted = gen.stop == engine::StopReason::Cancelled;
+    match gen.stop {
+        engine::StopReason::ContextFull => {
             eprintln!("\n[stopped: the context of {ctx_len} tokens is full; raise -c]")
         }
-        "interrupted" => eprintln!("\n[interrupted]"),
+        engine::StopReason::Cancelled => eprintln!("\n[interrupted]"),
         _ => {}
     }
 
     // Stats.
-    let n_decoded = generated.len().saturating_sub(1);
-    let prefill_tok_s = prompt_ids.len() as f64 / (t.prefill_ms / 1e3).max(1e-9);
-    let decode_tok_s = if n_decoded > 0 {
-        n_decoded as f64 / (t.decode_ms / 1e3).max(1e-9)
-    } else {
-        0.0
-    };
+    let t = &gen.stats;
     let barrier = args
         .bench_barrier
         .as_deref()
@@ -376,251 +410,87 @@ pub fn run(args: Args) -> Result<()> {
         b.wait("measured")?;
     }
     let mut stats = json!({
-        "backend": match args.backend { Backend::Vulkan => "vulkan", Backend::Reference => "reference" },
+        "backend": info.backend,
         "model": model_path.display().to_string(),
         "model_bytes": file.bytes().len(),
-        "device": forward.device.clone(),
-        "driver": forward.driver.clone(),
-        "weights_mode": forward.weights_mode.clone(),
-        "weights_path": forward.weights_path.clone(),
-        "device_bytes": forward.device_bytes,
-        "load_ms": t.load_ms,
-        "weights_load_ms": t.weights_load_ms,
+        "device": info.device,
+        "driver": info.driver,
+        "weights_mode": if args.backend == Backend::Reference { "none".to_string() } else { format!("{:?}", args.weights).to_lowercase() },
+        "weights_path": info.weights_path,
+        "device_bytes": info.device_bytes,
+        "kv_bytes": info.kv_bytes,
+        "load_ms": info.load_ms,
+        "weights_load_ms": info.weights_load_ms,
         "ttft_ms": t.ttft_ms,
         "prefill_ms": t.prefill_ms,
         "decode_ms": t.decode_ms,
-        "prefill_tok_s": prefill_tok_s,
-        "decode_tok_s": decode_tok_s,
-        "n_prompt": prompt_ids.len(),
-        "n_generated": generated.len(),
-        "stop_reason": stop_reason,
+        "prefill_tok_s": t.prefill_tok_s(),
+        "decode_tok_s": t.decode_tok_s(),
+        "n_prompt": gen.prompt_ids.len(),
+        "n_generated": gen.ids.len(),
+        "stop_reason": gen.stop.as_str(),
         "ctx_len": ctx_len,
         "temp": temp,
         "seed": seed,
-        "prompt_ids": prompt_ids,
-        "generated_ids": generated,
-        "text": tok.decode(&generated),
+        "prompt_ids": gen.prompt_ids,
+        "generated_ids": gen.ids,
+        "text": tok.decode(&gen.ids),
     });
     mem.add_to(&mut stats);
-    if let Some(c) = &forward.counters() {
+    if let Some(c) = generator.forward().counters() {
         stats["host_waits"] = json!(c.host_waits);
         stats["bytes_read_back"] = json!(c.bytes_read_back);
     }
     if args.check {
-        stats["check_max_logit_diff"] = json!(max_check_diff);
+        stats["check_max_logit_diff"] = json!(t.max_check_diff.unwrap_or(0.0));
     }
     eprintln!();
     eprintln!(
         "device: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
-        forward.device,
-        forward.weights_mode,
-        forward.weights_path,
-        t.load_ms,
-        t.weights_load_ms,
+        info.device,
+        stats["weights_mode"].as_str().unwrap_or(""),
+        info.weights_path,
+        info.load_ms,
+        info.weights_load_ms,
         t.ttft_ms
     );
     eprintln!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
-        prompt_ids.len(),
-        prefill_tok_s,
-        n_decoded,
-        decode_tok_s
+        t.n_prompt,
+        t.prefill_tok_s(),
+        t.n_generated.saturating_sub(1),
+        t.decode_tok_s()
     );
     eprintln!("{}", mem.summary());
     if args.stats {
         eprintln!("{}", serde_json::to_string_pretty(&stats)?);
     }
     if args.profile {
-        forward.print_profile();
+        match generator.forward().session() {
+            None => eprintln!("--profile needs the Vulkan backend"),
+            Some(s) => match s.profile_last_token() {
+                Some(rows) => crate::stats::print_profile(&rows),
+                None => {
+                    eprintln!("no profile recorded (the device has no timestamp support?)")
+                }
+            },
+        }
     }
-    if let Some(path) = &args.stats_json {
-        std::fs::write(path, serde_json::to_string_pretty(&stats)? + "\n")
+    if let (Some(f), Some(path)) = (&mut stats_file, &args.stats_json) {
+        f.write_all((serde_json::to_string_pretty(&stats)? + "\n").as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if interrupted {
+        std::process::exit(EXIT_INTERRUPTED);
     }
     Ok(())
 }
 
-fn ms(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64() * 1e3
-}
-
-/// The forward pass of either backend, with the sampler applied on top.
-struct Forward {
-    backend: ForwardImpl,
-    /// With `--check`: the reference decoder run beside the GPU.
-    check: Option<(reference::Model, reference::State)>,
-    last_check_diff: Option<f32>,
-    /// The whole backend start.
-    load_ms: f64,
-    /// Weights onto the device (the reference: reading and widening them to f32).
-    weights_load_ms: f64,
-    device: String,
-    /// The driver's name and version, as it reports them.
-    driver: String,
-    weights_mode: String,
-    weights_path: String,
-    device_bytes: u64,
-}
-
-enum ForwardImpl {
-    Vulkan(Box<engine::Session>),
-    Reference(Box<(reference::Model, reference::State)>),
-}
-
-impl Forward {
-    fn load(args: &Args, file: &Arc<gguf::GgufFile>, ctx_len: usize) -> Result<Forward> {
-        let start = Instant::now();
-        let load_reference = || -> Result<(reference::Model, reference::State)> {
-            let model = reference::Model::load(file).context("loading the reference model")?;
-            let state = reference::State::try_new(model.config(), ctx_len)?;
-            Ok((model, state))
-        };
-        let mut f = match args.backend {
-            Backend::Reference => Forward {
-                backend: ForwardImpl::Reference(Box::new(load_reference()?)),
-                check: None,
-                last_check_diff: None,
-                load_ms: 0.0,
-                device: "cpu (reference)".into(),
-                driver: "reference".into(),
-                weights_mode: "none".into(),
-                weights_path: "f32 in RAM".into(),
-                device_bytes: 0,
-                weights_load_ms: 0.0,
-            },
-            Backend::Vulkan => {
-                let ctx = vk::Context::new(&vk::ContextOptions {
-                    device_index: args.device,
-                    ..Default::default()
-                })
-                .context("starting Vulkan (see `vkdecode info`)")?;
-                let opts = engine::SessionOptions {
-                    weights: engine::ResidencyOptions {
-                        mode: args.weights.into(),
-                        import_cap: args.import_cap,
-                        mlock: args.mlock,
-                    },
-                    ctx_len,
-                    sync_each_layer: args.sync_each_layer,
-                    profile: args.profile,
-                    column_split: !args.no_column_split,
-                };
-                let session = engine::Session::new(ctx.clone(), file.clone(), &opts)?;
-                let report = session.weights().report().clone();
-                Forward {
-                    device: ctx.caps().name.clone(),
-                    driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
-                    weights_mode: format!("{:?}", args.weights).to_lowercase(),
-                    weights_path: report.path,
-                    device_bytes: report.device_bytes,
-                    backend: ForwardImpl::Vulkan(Box::new(session)),
-                    check: None,
-                    last_check_diff: None,
-                    load_ms: 0.0,
-                    weights_load_ms: report.load_ms,
-                }
-            }
-        };
-        f.load_ms = ms(start);
-        if args.backend == Backend::Reference {
-            f.weights_load_ms = f.load_ms;
-        }
-        if args.check {
-            f.check = Some(load_reference()?);
-        }
-        Ok(f)
-    }
-
-    fn counters(&self) -> Option<engine::Counters> {
-        match &self.backend {
-            ForwardImpl::Vulkan(s) => Some(s.counters()),
-            ForwardImpl::Reference(_) => None,
-        }
-    }
-
-    /// Runs the prompt and returns the first generated token.
-    fn prefill(&mut self, ids: &[u32], sampler: &mut engine::Sampler) -> Result<u32> {
-        let greedy = sampler.is_greedy() && self.check.is_none();
-        if let Some((model, state)) = &mut self.check {
-            for (pos, &id) in ids[..ids.len() - 1].iter().enumerate() {
-                reference::forward(model, state, id, pos, &mut |_, _| {})?;
-            }
-        }
-        let next = match &mut self.backend {
-            ForwardImpl::Vulkan(s) => {
-                s.prefill(ids)?;
-                if greedy {
-                    s.last_argmax()?
-                } else {
-                    let logits = s.last_logits()?;
-                    let last = ids.len() - 1;
-                    self.last_check_diff = compare(&mut self.check, logits, ids[last], last)?;
-                    sampler.sample(logits)?
-                }
-            }
-            ForwardImpl::Reference(ms) => {
-                let (model, state) = &mut **ms;
-                let mut logits = &[][..];
-                for (pos, &id) in ids.iter().enumerate() {
-                    logits = reference::forward(model, state, id, pos, &mut |_, _| {})?;
-                }
-                sampler.sample(logits)?
-            }
-        };
-        Ok(next)
-    }
-
-    /// Feeds `token` at position `pos` and returns the next token.
-    fn step(&mut self, token: u32, pos: usize, sampler: &mut engine::Sampler) -> Result<u32> {
-        let greedy = sampler.is_greedy() && self.check.is_none();
-        match &mut self.backend {
-            ForwardImpl::Vulkan(s) => {
-                if greedy {
-                    Ok(s.decode_argmax(token)?)
-                } else {
-                    let logits = s.decode_logits(token)?;
-                    self.last_check_diff = compare(&mut self.check, logits, token, pos)?;
-                    Ok(sampler.sample(logits)?)
-                }
-            }
-            ForwardImpl::Reference(ms) => {
-                let (model, state) = &mut **ms;
-                let logits = reference::forward(model, state, token, pos, &mut |_, _| {})?;
-                Ok(sampler.sample(logits)?)
-            }
-        }
-    }
-
-    fn print_profile(&self) {
-        let ForwardImpl::Vulkan(s) = &self.backend else {
-            eprintln!("--profile needs the Vulkan backend");
-            return;
-        };
-        match s.profile_last_token() {
-            Some(rows) => crate::stats::print_profile(&rows),
-            None => eprintln!("no profile recorded (the device has no timestamp support?)"),
-        }
-    }
-}
-
-/// With `--check`, runs the reference on the same token and returns the largest logit
-/// difference from the GPU's logits.
-fn compare(
-    check: &mut Option<(reference::Model, reference::State)>,
-    gpu: &[f32],
-    token: u32,
-    pos: usize,
-) -> Result<Option<f32>> {
-    let Some((model, state)) = check else {
-        return Ok(None);
-    };
-    let cpu = reference::forward(model, state, token, pos, &mut |_, _| {})?;
-    Ok(Some(
-        gpu.iter()
-            .zip(cpu)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max),
-    ))
+/// The model's trained context, for messages.
+fn file_context_length(file: &gguf::GgufFile) -> String {
+    arch::Config::from_gguf(file.gguf())
+        .map(|c| c.context_length.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// A rendezvous of `n` processes through files in a directory (see `--bench-barrier`).
@@ -666,7 +536,17 @@ impl Barrier {
     }
 }
 
+/// `--prompt-ids`: ids separated by commas, or `@FILE` holding them (long prompts do not
+/// fit a command line).
 fn parse_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
+    let text;
+    let list = match list.strip_prefix('@') {
+        Some(path) => {
+            text = crate::input::read_text_file(std::path::Path::new(path), "--prompt-ids")?;
+            text.as_str()
+        }
+        None => list,
+    };
     list.split(',')
         .map(|t| {
             let id: u32 = t

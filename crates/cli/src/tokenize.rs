@@ -34,25 +34,29 @@ pub struct Args {
     #[arg(long)]
     pub no_bos: bool,
 
-    /// Tokenize control tokens written in the text (`<|im_start|>`) as plain text
-    /// instead of matching them whole (llama-tokenize's `--no-parse-special`).
+    /// Parse special-token text (`<|im_start|>` becomes the control token, as
+    /// llama-tokenize does by default). Off by default, as for the main command's
+    /// `--special`: text is tokenized as plain text.
     #[arg(long)]
+    pub special: bool,
+
+    /// The default (control-token text stays text); kept for llama-tokenize's spelling.
+    #[arg(long, hide = true, conflicts_with = "special")]
     pub no_parse_special: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let text = match (&args.text, &args.file) {
         (Some(t), _) => t.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read text from {}", path.display()))?,
+        (None, Some(path)) => crate::input::read_text_file(path, "--file")?,
         (None, None) => anyhow::bail!("give the text with --text or --file"),
     };
     let file = gguf::GgufFile::open(&args.model)
         .with_context(|| format!("cannot open model {}", args.model.display()))?;
     let tok = tokenizer::Tokenizer::from_gguf(file.gguf())
         .with_context(|| format!("cannot build the tokenizer of {}", args.model.display()))?;
-    let ids = tok.encode(&text, !args.no_bos, !args.no_parse_special)?;
-    print!("{}", format_ids(&tok, &ids, args.pieces, args.ids));
+    let ids = tok.encode(&text, !args.no_bos, args.special)?;
+    out!("{}", format_ids(&tok, &ids, args.pieces, args.ids));
     Ok(())
 }
 

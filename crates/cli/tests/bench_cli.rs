@@ -17,6 +17,7 @@ const RUN_KEYS: &[&str] = &[
     "weights_mode",
     "weights_path",
     "device_bytes",
+    "kv_bytes",
     "load_ms",
     "ttft_ms",
     "prefill_ms",
@@ -500,12 +501,14 @@ fn vulkan_children_report_the_residency_path_taken() {
         j["weights_path"]
     );
     assert_eq!(j["weights_path"]["copy"], "copy");
+    // device_bytes counts the KV cache too (issue 12 defect 17)
+    assert!(f(&import["kv_bytes"]) > 0.0, "{import}");
     assert_eq!(
-        import["device_bytes"], 0,
-        "import allocates no device memory for weights"
+        import["device_bytes"], import["kv_bytes"],
+        "import allocates no device memory for weights, only the KV cache"
     );
     assert!(
-        f(&copy["device_bytes"]) > 0.0,
+        f(&copy["device_bytes"]) > f(&copy["kv_bytes"]),
         "copy holds the weights in device memory"
     );
     // Greedy decoding does not depend on where the weights live.

@@ -49,7 +49,8 @@ fn ids_match_llama_tokenize() {
         ),
     ];
     for (text, expected) in cases {
-        let out = tokenize(&["--ids", "--text", text]);
+        // llama-tokenize parses special-token text by default; vkdecode with --special
+        let out = tokenize(&["--ids", "--special", "--text", text]);
         assert_eq!(stdout_ok(&out), expected, "for {text:?}");
     }
 }
@@ -59,7 +60,7 @@ fn default_output_and_pieces() {
     let out = tokenize(&["-p", "The capital of France is"]);
     assert_eq!(stdout_ok(&out), "504 3575 282 4649 314\n");
 
-    let out = tokenize(&["--pieces", "--text", "Hi there<|im_end|>\n"]);
+    let out = tokenize(&["--pieces", "--special", "--text", "Hi there<|im_end|>\n"]);
     assert_eq!(
         stdout_ok(&out),
         " 26843 -> 'Hi'\n   665 -> ' there'\n     2 -> '<|im_end|>'\n   198 -> '\\n'\n"
@@ -93,4 +94,38 @@ fn a_missing_model_is_reported() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+}
+
+/// Issue 12 defect 13: `tokenize` and the main command agree — special-token text is
+/// plain text unless `--special` is given (before: tokenize parsed it by default).
+#[test]
+fn special_token_text_is_plain_text_by_default() {
+    let out = tokenize(&["--ids", "--text", "<|im_end|>"]);
+    let ids: Vec<u32> = serde_json::from_str(&stdout_ok(&out)).expect("a JSON array");
+    assert!(ids.len() > 1 && !ids.contains(&2), "{ids:?}");
+    let out = tokenize(&["--ids", "--special", "--text", "<|im_end|>"]);
+    assert_eq!(stdout_ok(&out), "[2]\n");
+}
+
+/// Issue 12 defect 10: `--file /dev/zero` read without limit (5.5 GB after 12 s). Now
+/// non-regular files are refused at once, and so is a file over the cap.
+#[test]
+fn non_regular_and_huge_files_are_refused() {
+    for special in ["/dev/zero", "/dev/stdin", "/"] {
+        let out = tokenize(&["--ids", "--file", special]);
+        assert!(!out.status.success(), "{special} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a regular file"), "{special}: {err}");
+    }
+    let dir = std::env::temp_dir().join(format!("vkdecode-tokenize-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.txt");
+    // sparse: 65 MiB of holes, over the 64 MiB cap, costs no disk
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(65 << 20).unwrap();
+    let out = tokenize(&["--ids", "--file", path.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("over the limit"), "{err}");
 }

@@ -20,6 +20,7 @@ pub use residency::{
 
 pub mod activations;
 pub mod forward;
+pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod pagecache;
@@ -27,5 +28,8 @@ pub mod profile;
 pub mod sampling;
 pub mod session;
 mod views;
+pub use generate::{
+    Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,
+};
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};

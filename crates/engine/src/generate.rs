@@ -1,0 +1,468 @@
+//! Text generation: prompt → tokens → prefill (in chunks, cancellable between them) →
+//! sampler → a stream of text pieces, with stop conditions and timings.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = Arc::new(gguf::GgufFile::open("models/SmolLM2-135M-Instruct.Q8_0.gguf")?);
+//! let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf())?);
+//! let loaded = engine::generate::load(&file, &engine::generate::LoadOptions::default())?;
+//! let mut gen = engine::Generator::new(loaded.forward, tok);
+//! let opts = engine::GenerateOptions { max_tokens: Some(16), ..Default::default() };
+//! gen.generate_text("The capital of France is", &opts, &mut |e| {
+//!     if let engine::Event::Text(t) = e { print!("{t}") }
+//!     std::ops::ControlFlow::Continue(())
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! The forward pass is any [`Forward`]: the Vulkan [`crate::Session`], the CPU reference
+//! (`reference`, used here only as a backend and for `--check`), or both compared.
+
+mod chat;
+mod error;
+pub mod fit;
+mod forward;
+mod load;
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokenizer::{StreamDecoder, Tokenizer};
+use tracing::info_span;
+
+pub use chat::chat_prompt_ids;
+pub use error::GenerateError;
+pub use fit::{CtxChoice, CtxRequest};
+pub use forward::{check_finite, Checked, Forward, ReferenceForward};
+pub use load::{load, BackendInfo, BackendKind, LoadOptions, Loaded};
+
+use crate::sampling::{Sampler, SamplerOptions};
+
+/// What one generation does.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    /// Most tokens to generate (`None`: until end of generation or a full context).
+    pub max_tokens: Option<usize>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Stop when the generated text contains one of these (the text before it is kept).
+    pub stop: Vec<String>,
+    /// How each token is chosen.
+    pub sampler: SamplerOptions,
+    /// Set from elsewhere (a Ctrl-C handler, a server's disconnect) to stop at the next
+    /// prefill chunk or token.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+/// Why a generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token.
+    Eog,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// The KV cache is full.
+    ContextFull,
+    /// A stop string appeared.
+    StopString,
+    /// The cancel flag was set, or the callback asked to stop.
+    Cancelled,
+}
+
+impl StopReason {
+    /// The name used in stats (`n_predict` for `MaxTokens`, as the CLI always said).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Eog => "eog",
+            StopReason::MaxTokens => "n_predict",
+            StopReason::ContextFull => "context_full",
+            StopReason::StopString => "stop",
+            StopReason::Cancelled => "interrupted",
+        }
+    }
+}
+
+/// What the generator tells its caller while it runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Event<'a> {
+    /// A token was generated (its text follows in `Text` events, possibly later: a
+    /// character split across tokens, or text that may begin a stop string, waits).
+    Token(u32),
+    /// Text ready to show.
+    Text(&'a str),
+    /// `--check`: the largest |gpu - reference| logit difference at generated token `step`.
+    Check { step: usize, diff: f32 },
+}
+
+/// Figures of one generation.
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    /// Prompt tokens.
+    pub n_prompt: usize,
+    /// Tokens generated (the end-of-generation token not counted).
+    pub n_generated: usize,
+    /// Prefill of the whole prompt, up to the first token's prediction.
+    pub prefill_ms: f64,
+    /// Time to first token (from the start of `generate`).
+    pub ttft_ms: f64,
+    /// Everything after the first token.
+    pub decode_ms: f64,
+    /// `--check`: the largest logit difference seen.
+    pub max_check_diff: Option<f32>,
+}
+
+impl GenStats {
+    /// Prompt tokens per second.
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.n_prompt as f64 / (self.prefill_ms / 1e3).max(1e-9)
+    }
+
+    /// Tokens decoded after the first, per second.
+    pub fn decode_tok_s(&self) -> f64 {
+        match self.n_generated.saturating_sub(1) {
+            0 => 0.0,
+            n => n as f64 / (self.decode_ms / 1e3).max(1e-9),
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub ids: Vec<u32>,
+    /// The generated text (without a stop string and what followed it).
+    pub text: String,
+    pub stop: StopReason,
+    pub stats: GenStats,
+}
+
+/// A check the generator runs between prefill chunks and between tokens.
+pub type Guard = Box<dyn FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send>;
+
+/// Generates text with a forward pass and the model's tokenizer.
+pub struct Generator {
+    forward: Box<dyn Forward>,
+    tok: Arc<Tokenizer>,
+    guard: Option<Guard>,
+}
+
+impl Generator {
+    pub fn new(forward: Box<dyn Forward>, tok: Arc<Tokenizer>) -> Generator {
+        Generator {
+            forward,
+            tok,
+            guard: None,
+        }
+    }
+
+    /// Runs `guard` between prefill chunks and between tokens; its error stops the
+    /// generation ([`GenerateError::Guard`]). For checks such as "the mapped model file
+    /// is unchanged" (one `fstat`).
+    pub fn set_guard(&mut self, guard: Guard) {
+        self.guard = Some(guard);
+    }
+
+    fn run_guard(&mut self) -> Result<(), GenerateError> {
+        match &mut self.guard {
+            Some(g) => g().map_err(GenerateError::Guard),
+            None => Ok(()),
+        }
+    }
+
+    /// The forward pass (counters, the Vulkan session's profile).
+    pub fn forward(&self) -> &dyn Forward {
+        &*self.forward
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tok
+    }
+
+    /// Tokenizes `prompt` (BOS as the metadata says; control-token text stays text) and
+    /// generates from it.
+    pub fn generate_text(
+        &mut self,
+        prompt: &str,
+        opts: &GenerateOptions,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Result<Generation, GenerateError> {
+        let ids = self.tok.encode(prompt, true, false)?;
+        self.generate(&ids, opts, on_event)
+    }
+
+    /// Generates from `prompt` token ids, from position 0.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Result<Generation, GenerateError> {
+        let _span = info_span!("generate", n_prompt = prompt.len()).entered();
+        let ctx_len = self.forward.ctx_len();
+        if prompt.is_empty() {
+            return Err(GenerateError::Input(
+                "the prompt tokenized to nothing".into(),
+            ));
+        }
+        if prompt.len() >= ctx_len {
+            return Err(GenerateError::Input(format!(
+                "the prompt is {} tokens but the context holds {ctx_len}: raise -c or shorten the prompt",
+                prompt.len()
+            )));
+        }
+        let vocab = self.tok.vocab_size();
+        if let Some(&bad) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::Input(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let cancelled = || {
+            opts.cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::SeqCst))
+        };
+        let mut sampler = Sampler::new(opts.sampler.clone());
+        for &id in prompt {
+            sampler.accept(id);
+        }
+        let mut out = Output::new(&opts.stop);
+        let mut stats = GenStats {
+            n_prompt: prompt.len(),
+            ..GenStats::default()
+        };
+        let finish = |out: Output, stop, stats| Generation {
+            prompt_ids: prompt.to_vec(),
+            ids: out.ids,
+            text: out.text,
+            stop,
+            stats,
+        };
+
+        let start = Instant::now();
+        self.forward.reset();
+        for chunk in prompt.chunks(self.forward.chunk_len().max(1)) {
+            if cancelled() {
+                stats.prefill_ms = ms(start);
+                return Ok(finish(out, StopReason::Cancelled, stats));
+            }
+            self.run_guard()?;
+            self.forward.prefill(chunk)?;
+        }
+        let greedy = sampler.is_greedy() && !self.forward.wants_logits();
+        let mut next = self.choose(&mut sampler, greedy, None)?;
+        stats.prefill_ms = ms(start);
+        stats.ttft_ms = stats.prefill_ms;
+
+        let decode_start = Instant::now();
+        let stop = loop {
+            if let Some(diff) = self.forward.take_check_diff() {
+                stats.max_check_diff = Some(stats.max_check_diff.unwrap_or(0f32).max(diff));
+                let step = out.ids.len();
+                if on_event(Event::Check { step, diff }).is_break() {
+                    break StopReason::Cancelled;
+                }
+            }
+            if self.tok.is_eog(next) && !opts.ignore_eos {
+                break StopReason::Eog;
+            }
+            sampler.accept(next);
+            if on_event(Event::Token(next)).is_break() {
+                break StopReason::Cancelled;
+            }
+            match out.push(&self.tok, next, on_event) {
+                Push::Continue => {}
+                Push::Stop(reason) => break reason,
+            }
+            if opts.max_tokens.is_some_and(|m| out.ids.len() >= m) {
+                break StopReason::MaxTokens;
+            }
+            if cancelled() {
+                break StopReason::Cancelled;
+            }
+            if self.forward.pos() + 1 >= ctx_len {
+                break StopReason::ContextFull;
+            }
+            self.run_guard()?;
+            next = self.choose(&mut sampler, greedy, Some(next))?;
+        };
+        if stop != StopReason::StopString {
+            out.flush(on_event);
+        }
+        stats.decode_ms = ms(decode_start);
+        stats.n_generated = out.ids.len();
+        Ok(finish(out, stop, stats))
+    }
+
+    /// The next token: after the prompt (`feed` is `None`) or after feeding `feed`.
+    fn choose(
+        &mut self,
+        sampler: &mut Sampler,
+        greedy: bool,
+        feed: Option<u32>,
+    ) -> Result<u32, GenerateError> {
+        let pos = self.forward.pos();
+        if greedy {
+            return match feed {
+                None => self.forward.last_argmax(),
+                Some(t) => self.forward.decode_argmax(t),
+            };
+        }
+        let logits = match feed {
+            None => self.forward.last_logits()?,
+            Some(t) => self.forward.decode_logits(t)?,
+        };
+        check_finite(logits, pos)?;
+        Ok(sampler.sample(logits)?)
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+enum Push {
+    Continue,
+    Stop(StopReason),
+}
+
+/// The generated ids and text, and the part of the text not yet shown (held back while
+/// it may be the start of a stop string).
+struct Output {
+    ids: Vec<u32>,
+    text: String,
+    shown: usize,
+    stream: StreamDecoder,
+    stop: Vec<String>,
+}
+
+impl Output {
+    fn new(stop: &[String]) -> Output {
+        Output {
+            ids: Vec::new(),
+            text: String::new(),
+            shown: 0,
+            stream: StreamDecoder::new(),
+            stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        }
+    }
+
+    fn push(
+        &mut self,
+        tok: &Tokenizer,
+        id: u32,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Push {
+        self.ids.push(id);
+        let piece = self.stream.push(tok, id);
+        self.push_text(&piece, on_event)
+    }
+
+    /// Appends `piece` to the text and shows what can be shown.
+    fn push_text(
+        &mut self,
+        piece: &str,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Push {
+        // a stop string can start at most (longest stop - 1) bytes before the new piece
+        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut from = self.text.len().saturating_sub(longest);
+        self.text.push_str(piece);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let found = self
+            .stop
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|at| from + at))
+            .min();
+        if let Some(at) = found {
+            self.text.truncate(at);
+            let _ = self.show(self.text.len(), on_event);
+            return Push::Stop(StopReason::StopString);
+        }
+        let safe = self.text.len() - self.held_back();
+        match self.show(safe, on_event) {
+            ControlFlow::Continue(()) => Push::Continue,
+            ControlFlow::Break(()) => Push::Stop(StopReason::Cancelled),
+        }
+    }
+
+    /// Bytes at the end of the text that could begin a stop string.
+    fn held_back(&self) -> usize {
+        let mut hold = 0;
+        for s in &self.stop {
+            for n in (1..s.len()).rev() {
+                if n <= hold {
+                    break;
+                }
+                if s.is_char_boundary(n) && self.text.ends_with(&s[..n]) {
+                    hold = n;
+                    break;
+                }
+            }
+        }
+        hold
+    }
+
+    fn show(
+        &mut self,
+        upto: usize,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        if upto <= self.shown {
+            return ControlFlow::Continue(());
+        }
+        let flow = on_event(Event::Text(&self.text[self.shown..upto]));
+        self.shown = upto;
+        flow
+    }
+
+    /// Shows everything left, the decoder's partial character included.
+    fn flush(&mut self, on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>) {
+        let rest = self.stream.finish();
+        self.text.push_str(&rest);
+        let _ = self.show(self.text.len(), on_event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_stops(pieces: &[&str], stop: &[&str]) -> (String, String, bool) {
+        let mut out = Output::new(&stop.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let mut shown = String::new();
+        let mut on_event = |e: Event<'_>| {
+            if let Event::Text(t) = e {
+                shown.push_str(t)
+            }
+            ControlFlow::Continue(())
+        };
+        let mut stopped = false;
+        for p in pieces {
+            if let Push::Stop(r) = out.push_text(p, &mut on_event) {
+                assert_eq!(r, StopReason::StopString);
+                stopped = true;
+                break;
+            }
+        }
+        (out.text, shown, stopped)
+    }
+
+    #[test]
+    fn stop_strings_cut_the_text_and_hold_back_their_prefix() {
+        let (text, shown, stopped) = run_stops(&["Paris", ".\n", "\nThe"], &["\n\n"]);
+        assert!(stopped);
+        assert_eq!(text, "Paris.");
+        assert_eq!(shown, "Paris.");
+        let (text, shown, stopped) = run_stops(&["a", "b", "<", "end"], &["<end>"]);
+        assert!(!stopped);
+        assert_eq!(text, "ab<end");
+        // "<end" may still become "<end>": held back
+        assert_eq!(shown, "ab");
+    }
+}
