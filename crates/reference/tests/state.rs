@@ -53,7 +53,7 @@ fn crafted_context_lengths_are_errors_naming_context_and_bytes() {
 }
 
 #[test]
-fn a_file_claiming_a_huge_context_still_runs_short_prompts() {
+fn a_file_claiming_a_huge_context_is_refused_by_name_and_short_runs_still_work() {
     for ctx in [1u64 << 58, (1 << 32) - 1, u64::MAX] {
         let bytes = rewrite(&tiny(), |meta, _| {
             let slot = meta
@@ -62,15 +62,20 @@ fn a_file_claiming_a_huge_context_still_runs_short_prompts() {
                 .unwrap();
             slot.1 = Value::U64(ctx);
         });
-        let model = Model::from_bytes(&bytes).unwrap();
-        assert_eq!(model.config().context_length as u64, ctx);
-        // The context the file claims: refused, not a panic or an abort.
-        let err = State::try_new(model.config(), model.config().context_length).unwrap_err();
-        assert!(matches!(err, RefError::ContextTooLarge { .. }), "{err}");
-        // What a run needs: fine.
-        let ids = generate_greedy(&model, &[5, 6, 7], 4, &|_| false).unwrap();
-        assert_eq!(ids.len(), 4);
+        // The model description refuses the claim (arch's validation), naming the key:
+        // not a panic, an abort, or a cache sized from a wrapped product.
+        let err = Model::from_bytes(&bytes).unwrap_err().to_string();
+        assert!(err.contains("llama.context_length"), "{err}");
     }
+    // A valid model asked for such a context at run time: refused by the cache's sizing,
+    // and a run of what it needs still works.
+    let model = Model::from_bytes(&tiny()).unwrap();
+    for ctx in [1usize << 58, usize::MAX] {
+        let err = State::try_new(model.config(), ctx).unwrap_err();
+        assert!(matches!(err, RefError::ContextTooLarge { .. }), "{err}");
+    }
+    let ids = generate_greedy(&model, &[5, 6, 7], 4, &|_| false).unwrap();
+    assert_eq!(ids.len(), 4);
 }
 
 #[test]
