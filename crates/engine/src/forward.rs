@@ -245,10 +245,10 @@ fn missing(what: &str) -> EngineError {
 pub(crate) mod step {
     use std::sync::Arc;
 
-    use vk::{BufferBinding, BufferView, Descriptor};
+    use vk::{BufferBinding, BufferView};
 
     use crate::activations::Activations;
-    use crate::kernels::{InMode, OutMode};
+    use crate::kernels::{AttentionBindings, InMode, OutMode};
     use crate::residency::TensorView;
     use crate::views::Views;
 
@@ -321,14 +321,14 @@ pub(crate) mod step {
         kc4: &'v BufferView,
         vc4: &'v BufferView,
         a: &Activations,
-    ) -> [Descriptor<'v>; 5] {
-        [
-            Descriptor::Texel(&v.q),
-            Descriptor::Texel(kc4),
-            Descriptor::Texel(vc4),
-            Descriptor::Buffer(a.att_out.binding()),
-            Descriptor::Buffer(a.step.binding()),
-        ]
+    ) -> AttentionBindings<'v> {
+        AttentionBindings {
+            q: &v.q,
+            k_cache: kc4,
+            v_cache: vc4,
+            out: a.att_out.binding(),
+            step: a.step.binding(),
+        }
     }
 
     /// x += Wo·att_out; xg = x∘ffn_norm. Reads att_out; writes x and xg.
