@@ -18,7 +18,7 @@ use std::sync::Arc;
 use vk::{BufferBinding, BufferView, DescriptorSet};
 
 use crate::activations::Activations;
-use crate::forward::step::{self, Dims, LayerWeights, MatmulSpec};
+use crate::forward::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::kernels::{
     self, ArgmaxBindings, EmbedBindings, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
     CHUNK,
@@ -318,14 +318,13 @@ impl GpuModel {
             let attention = kernels
                 .attention(head_dim)?
                 .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts).descriptors())?;
-            let (qkv, attn_output) = (
-                step::qkv(l, &lw, acts, &views, &d),
-                step::attn_output(l, &lw, acts, &views, &d),
-            );
-            let (gate_up, ffn_down) = (
-                step::gate_up(l, &lw, acts, &views, &d),
-                step::ffn_down(l, &lw, acts, &views, &d),
-            );
+            let io = Io {
+                a: acts,
+                v: &views,
+                d: &d,
+            };
+            let (qkv, attn_output) = (step::qkv(l, &lw, &io), step::attn_output(l, &lw, &io));
+            let (gate_up, ffn_down) = (step::gate_up(l, &lw, &io), step::ffn_down(l, &lw, &io));
             let mut build =
                 |s: MatmulSpec| matmul_calls(s, &dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
@@ -344,7 +343,14 @@ impl GpuModel {
         };
         let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
         let logits = matmul_calls(
-            step::logits(out_view, acts, &views, &d),
+            step::logits(
+                out_view,
+                &Io {
+                    a: acts,
+                    v: &views,
+                    d: &d,
+                },
+            ),
             &dummy,
             acts,
             kernels,
