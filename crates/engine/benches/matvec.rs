@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engine::kernels::{self, InMode, Kernels, MatmulKey, MatmulPush, OutMode, Slot};
+use engine::kernels::{
+    self, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
+};
 use engine::model::DECODE_SHAPE;
 use gguf::GgmlType;
 use vk::{
-    Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, Descriptor,
-    MemLocation, TexelFormat,
+    Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, MemLocation,
+    TexelFormat,
 };
 
 /// (input length = columns, output length = rows) of SmolLM2-135M's decode matvecs:
@@ -143,17 +145,20 @@ fn matvec(c: &mut Criterion) {
             };
             let p = ks.matmul(key).expect("matmul pipeline");
             let set = p
-                .descriptor_set_with(&[
-                    Descriptor::Texel(&wv),
-                    Descriptor::Texel(&dummy_w),
-                    Descriptor::Texel(&xv),
-                    Descriptor::Buffer(dummy.binding()),
-                    Descriptor::Buffer(out.binding()),
-                    Descriptor::Buffer(dummy.binding()),
-                    Descriptor::Buffer(dummy.binding()),
-                    Descriptor::Buffer(step.binding()),
-                    Descriptor::Texel(&xv),
-                ])
+                .descriptor_set_with(
+                    &MatmulBindings {
+                        w0: &wv,
+                        w1: &dummy_w,
+                        x: &xv,
+                        aux: dummy.binding(),
+                        out0: out.binding(),
+                        out1: dummy.binding(),
+                        out2: dummy.binding(),
+                        step: step.binding(),
+                        xr: &xv,
+                    }
+                    .descriptors(),
+                )
                 .expect("descriptor set");
             let mut push = MatmulPush {
                 n_tok: 1,

@@ -6,9 +6,14 @@
 
 use vk::{CommandBuffer, QueryPool};
 
+mod bounds;
+
+use bounds::{check_fits, missing};
+
 use crate::activations::Activations;
 use crate::kernels::{self, AttentionPush, MatmulPush};
 use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
+use crate::profile;
 use crate::EngineError;
 use arch::Config;
 
@@ -55,11 +60,7 @@ impl Recorder<'_> {
 
     /// Resets the timestamp queries and writes the first one.
     pub fn begin_profile(&mut self) {
-        if let Some((pool, names)) = self.profile.as_mut() {
-            names.clear();
-            self.cmd.reset_queries(pool, 0, pool.count());
-            self.cmd.timestamp(pool, 0);
-        }
+        profile::begin(self.cmd, &mut self.profile);
     }
 
     /// x[t] = token_embd[tokens[t]]
@@ -184,24 +185,10 @@ impl Recorder<'_> {
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);
-            let need = kernels::matmul_write_bytes(
-                call.variant.out_mode,
-                call.write_xg,
-                &call.slots,
-                &push,
-                self.ctx_len,
-            );
-            for (i, (&need, &have)) in need.iter().zip(&call.out_bytes).enumerate() {
-                check_fits(&call.name, &format!("out{i}"), need, have)?;
-            }
+            bounds::check_matmul(call, &push, self.ctx_len)?;
             self.cmd
                 .dispatch(p, &call.set, bytemuck::bytes_of(&push), groups);
-            if let Some((pool, names)) = self.profile.as_mut() {
-                if (names.len() as u32) + 1 < pool.count() {
-                    names.push(call.name.clone());
-                    self.cmd.timestamp(pool, names.len() as u32);
-                }
-            }
+            profile::mark(self.cmd, &mut self.profile, || call.name.clone());
         }
         self.cmd.barrier();
         Ok(())
@@ -213,231 +200,11 @@ impl Recorder<'_> {
 
     /// Barrier after a dispatch (and a timestamp when profiling).
     fn after_named(&mut self, name: impl FnOnce() -> String) {
-        if let Some((pool, names)) = self.profile.as_mut() {
-            if (names.len() as u32) + 1 < pool.count() {
-                names.push(name());
-                self.cmd.timestamp(pool, names.len() as u32);
-            }
-        }
+        profile::mark(self.cmd, &mut self.profile, name);
         self.cmd.barrier();
     }
 }
 
-/// A dispatch that would write `need` bytes of a binding holding `have` is refused.
-fn check_fits(dispatch: &str, binding: &str, need: u64, have: u64) -> Result<(), EngineError> {
-    if need > have {
-        return Err(EngineError::DispatchOutOfBounds {
-            dispatch: dispatch.to_string(),
-            binding: binding.to_string(),
-            need,
-            have,
-        });
-    }
-    Ok(())
-}
-
-fn missing(what: &str) -> EngineError {
-    EngineError::Unsupported(format!("internal: no pipeline was created for `{what}`"))
-}
-
 /// The steps of the pass as data: for each fused matmul, the weights it reads, its input
 /// and what it writes (model.rs turns each into dispatches and descriptor sets at load).
-pub(crate) mod step {
-    use std::sync::Arc;
-
-    use vk::{BufferBinding, BufferView, Descriptor};
-
-    use crate::activations::Activations;
-    use crate::kernels::{InMode, OutMode};
-    use crate::residency::TensorView;
-    use crate::views::Views;
-
-    /// What one fused matmul reads and writes, before it is split into calls.
-    pub(crate) struct MatmulSpec<'a> {
-        pub name: String,
-        pub views: Vec<&'a TensorView>,
-        pub in_mode: InMode,
-        pub out_mode: OutMode,
-        /// The dot input (xg for IN_RMSNORM).
-        pub x: Arc<BufferView>,
-        /// The raw residual the rms is taken of (IN_RMSNORM).
-        pub xr: Option<Arc<BufferView>>,
-        pub x_ld: usize,
-        /// OUT_ADD: the next norm weight (binding, float offset); out1 receives x∘aux.
-        pub aux: Option<(BufferBinding, u32)>,
-        pub outs: [Option<BufferBinding>; 3],
-        pub out_ld: usize,
-        pub last_token_only: bool,
-    }
-
-    /// One layer's weights, and the norms it folds into the next step's input.
-    pub(crate) struct LayerWeights<'w> {
-        pub qkv: [&'w TensorView; 3],
-        pub o: &'w TensorView,
-        pub gate_up: [&'w TensorView; 2],
-        pub down: &'w TensorView,
-        pub ffn_norm: (BufferBinding, u32),
-        /// The next layer's attn_norm, or output_norm after the last layer.
-        pub next_norm: (BufferBinding, u32),
-    }
-
-    /// Row lengths: dim, n_heads·head_dim, hidden_dim, vocabulary.
-    pub(crate) struct Dims {
-        pub dim: usize,
-        pub q_dim: usize,
-        pub hidden: usize,
-        pub vocab: usize,
-    }
-
-    /// q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] =
-    /// Wv·rmsnorm(x). Reads xg = x∘attn_norm and x; writes q and layer l's caches.
-    pub(crate) fn qkv<'w>(
-        l: usize,
-        w: &LayerWeights<'w>,
-        a: &Activations,
-        v: &Views,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        let caches = (a.key_cache[l].binding(), a.value_cache[l].binding());
-        MatmulSpec {
-            name: format!("blk.{l}.qkv"),
-            views: w.qkv.to_vec(),
-            in_mode: InMode::RmsNorm,
-            out_mode: OutMode::Qkv,
-            x: Arc::clone(&v.xg),
-            xr: Some(Arc::clone(&v.x)),
-            x_ld: d.dim,
-            aux: None,
-            outs: [Some(a.q.binding()), Some(caches.0), Some(caches.1)],
-            out_ld: d.q_dim,
-            last_token_only: false,
-        }
-    }
-
-    /// att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos. Reads q and the caches
-    /// (RGBA32F views `kc4`, `vc4`) and the step buffer; writes att_out.
-    pub(crate) fn attention<'v>(
-        v: &'v Views,
-        kc4: &'v BufferView,
-        vc4: &'v BufferView,
-        a: &Activations,
-    ) -> [Descriptor<'v>; 5] {
-        [
-            Descriptor::Texel(&v.q),
-            Descriptor::Texel(kc4),
-            Descriptor::Texel(vc4),
-            Descriptor::Buffer(a.att_out.binding()),
-            Descriptor::Buffer(a.step.binding()),
-        ]
-    }
-
-    /// x += Wo·att_out; xg = x∘ffn_norm. Reads att_out; writes x and xg.
-    pub(crate) fn attn_output<'w>(
-        l: usize,
-        w: &LayerWeights<'w>,
-        a: &Activations,
-        v: &Views,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        residual_add(
-            format!("blk.{l}.attn_output"),
-            w.o,
-            &v.att_out,
-            d.q_dim,
-            w.ffn_norm.clone(),
-            a,
-            d,
-        )
-    }
-
-    /// hb = silu(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x)). Reads xg = x∘ffn_norm and x;
-    /// writes hb.
-    pub(crate) fn gate_up<'w>(
-        l: usize,
-        w: &LayerWeights<'w>,
-        a: &Activations,
-        v: &Views,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        MatmulSpec {
-            name: format!("blk.{l}.gate_up"),
-            views: w.gate_up.to_vec(),
-            in_mode: InMode::RmsNorm,
-            out_mode: OutMode::Glu,
-            x: Arc::clone(&v.xg),
-            xr: Some(Arc::clone(&v.x)),
-            x_ld: d.dim,
-            aux: None,
-            outs: [Some(a.hb.binding()), None, None],
-            out_ld: d.hidden,
-            last_token_only: false,
-        }
-    }
-
-    /// x += Wdown·hb; xg = x∘(next attn_norm, or output_norm). Reads hb; writes x, xg.
-    pub(crate) fn ffn_down<'w>(
-        l: usize,
-        w: &LayerWeights<'w>,
-        a: &Activations,
-        v: &Views,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        residual_add(
-            format!("blk.{l}.ffn_down"),
-            w.down,
-            &v.hb,
-            d.hidden,
-            w.next_norm.clone(),
-            a,
-            d,
-        )
-    }
-
-    /// logits = Wout·rmsnorm(x[last]). Reads xg = x∘output_norm and x of the last token;
-    /// writes logits.
-    pub(crate) fn logits<'w>(
-        out: &'w TensorView,
-        a: &Activations,
-        v: &Views,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        MatmulSpec {
-            name: "logits".into(),
-            views: vec![out],
-            in_mode: InMode::RmsNorm,
-            out_mode: OutMode::Store,
-            x: Arc::clone(&v.xg),
-            xr: Some(Arc::clone(&v.x)),
-            x_ld: d.dim,
-            aux: None,
-            outs: [Some(a.logits.binding()), None, None],
-            out_ld: d.vocab,
-            last_token_only: true,
-        }
-    }
-
-    /// x += W·input (input rows `x_ld` floats apart); xg = x∘norm.
-    fn residual_add<'w>(
-        name: String,
-        w: &'w TensorView,
-        input: &Arc<BufferView>,
-        x_ld: usize,
-        norm: (BufferBinding, u32),
-        a: &Activations,
-        d: &Dims,
-    ) -> MatmulSpec<'w> {
-        MatmulSpec {
-            name,
-            views: vec![w],
-            in_mode: InMode::Plain,
-            out_mode: OutMode::Add,
-            x: Arc::clone(input),
-            xr: None,
-            x_ld,
-            aux: Some(norm),
-            outs: [Some(a.x.binding()), Some(a.xg.binding()), None],
-            out_ld: d.dim,
-            last_token_only: false,
-        }
-    }
-}
+pub(crate) mod step;

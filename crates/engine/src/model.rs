@@ -15,11 +15,14 @@ use arch::{Arch, Config, RopeMode};
 use gguf::GgmlType;
 use std::sync::Arc;
 
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorSet};
+use vk::{BufferBinding, BufferView, DescriptorSet};
 
 use crate::activations::Activations;
-use crate::forward::step::{self, Dims, LayerWeights, MatmulSpec};
-use crate::kernels::{self, InMode, Kernels, MatmulKey, OutMode, Slot, CHUNK};
+use crate::forward::step::{self, Dims, Io, LayerWeights, MatmulSpec};
+use crate::kernels::{
+    self, ArgmaxBindings, EmbedBindings, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
+    CHUNK,
+};
 use crate::residency::{TensorView, ViewPart, Weights};
 use crate::views::Views;
 use crate::EngineError;
@@ -314,15 +317,14 @@ impl GpuModel {
             let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
             let attention = kernels
                 .attention(head_dim)?
-                .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts))?;
-            let (qkv, attn_output) = (
-                step::qkv(l, &lw, acts, &views, &d),
-                step::attn_output(l, &lw, acts, &views, &d),
-            );
-            let (gate_up, ffn_down) = (
-                step::gate_up(l, &lw, acts, &views, &d),
-                step::ffn_down(l, &lw, acts, &views, &d),
-            );
+                .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts).descriptors())?;
+            let io = Io {
+                a: acts,
+                v: &views,
+                d: &d,
+            };
+            let (qkv, attn_output) = (step::qkv(l, &lw, &io), step::attn_output(l, &lw, &io));
+            let (gate_up, ffn_down) = (step::gate_up(l, &lw, &io), step::ffn_down(l, &lw, &io));
             let mut build =
                 |s: MatmulSpec| matmul_calls(s, &dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
@@ -341,7 +343,14 @@ impl GpuModel {
         };
         let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
         let logits = matmul_calls(
-            step::logits(out_view, acts, &views, &d),
+            step::logits(
+                out_view,
+                &Io {
+                    a: acts,
+                    v: &views,
+                    d: &d,
+                },
+            ),
             &dummy,
             acts,
             kernels,
@@ -349,9 +358,11 @@ impl GpuModel {
             neox,
             head_dim,
         )?;
-        let argmax = kernels
-            .argmax
-            .descriptor_set(&[acts.logits.binding(), acts.result.binding()])?;
+        let argmax = ArgmaxBindings {
+            logits: acts.logits.binding(),
+            result: acts.result.binding(),
+        };
+        let argmax = kernels.argmax.descriptor_set_with(&argmax.descriptors())?;
         Ok(GpuModel {
             embed,
             layers,
@@ -399,15 +410,18 @@ fn embed_call(
         push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
         push.wofs[i] = to_u32(p.byte_offset / 4, "embedding offset")?;
     }
-    let set = kernels.embed(view.ty)?.descriptor_set_with(&[
-        Descriptor::Texel(&w[0]),
-        Descriptor::Texel(&w[1]),
-        Descriptor::Texel(&w[2]),
-        Descriptor::Buffer(acts.x.binding()),
-        Descriptor::Buffer(acts.step.binding()),
-        Descriptor::Buffer(acts.xg.binding()),
-        Descriptor::Buffer(norm.0),
-    ])?;
+    let bindings = EmbedBindings {
+        w0: &w[0],
+        w1: &w[1],
+        w2: &w[2],
+        x: acts.x.binding(),
+        step: acts.step.binding(),
+        xg: acts.xg.binding(),
+        g: norm.0,
+    };
+    let set = kernels
+        .embed(view.ty)?
+        .descriptor_set_with(&bindings.descriptors())?;
     Ok(EmbedCall {
         set,
         ty: view.ty,
@@ -527,17 +541,17 @@ fn matmul_calls(
             });
         }
         let o = |i: usize| spec.outs[i].clone().unwrap_or_else(|| dummy.clone());
-        let bindings = [
-            Descriptor::Texel(&w[0]),
-            Descriptor::Texel(&w[1]),
-            Descriptor::Texel(&spec.x),
-            Descriptor::Buffer(aux.clone()),
-            Descriptor::Buffer(o(0)),
-            Descriptor::Buffer(o(1)),
-            Descriptor::Buffer(o(2)),
-            Descriptor::Buffer(acts.step.binding()),
-            Descriptor::Texel(spec.xr.as_ref().unwrap_or(&spec.x)),
-        ];
+        let bindings = MatmulBindings {
+            w0: &w[0],
+            w1: &w[1],
+            x: &spec.x,
+            aux: aux.clone(),
+            out0: o(0),
+            out1: o(1),
+            out2: o(2),
+            step: acts.step.binding(),
+            xr: spec.xr.as_ref().unwrap_or(&spec.x),
+        };
         let variant = MatmulVariant {
             wtype,
             in_mode: spec.in_mode,
@@ -548,7 +562,7 @@ fn matmul_calls(
         // the prefill pipeline has an identical set layout, so it accepts this set too
         let set = kernels
             .matmul(matmul_key(&variant, Batch::Decode, neox, head_dim))?
-            .descriptor_set_with(&bindings)?;
+            .descriptor_set_with(&bindings.descriptors())?;
         kernels.matmul(matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {

@@ -2,7 +2,36 @@
 //! gives, timestamp queries after every dispatch, and the weight bytes each matvec reads,
 //! summed per kernel (`vkdecode bench --profile`, [`crate::Session::profile_last_token`]).
 
+use vk::{CommandBuffer, QueryPool};
+
 use crate::model::GpuModel;
+
+/// The recorder's profiling state: the timestamp pool and the names of the dispatches
+/// timed so far (`None`: not profiling).
+pub(crate) type Timestamps<'a> = Option<(&'a QueryPool, &'a mut Vec<String>)>;
+
+/// Resets the timestamp queries and writes the first one.
+pub(crate) fn begin(cmd: &mut CommandBuffer, ts: &mut Timestamps<'_>) {
+    if let Some((pool, names)) = ts.as_mut() {
+        names.clear();
+        cmd.reset_queries(pool, 0, pool.count());
+        cmd.timestamp(pool, 0);
+    }
+}
+
+/// A timestamp after the dispatch just recorded, named `name()`, while queries are left.
+pub(crate) fn mark(
+    cmd: &mut CommandBuffer,
+    ts: &mut Timestamps<'_>,
+    name: impl FnOnce() -> String,
+) {
+    if let Some((pool, names)) = ts.as_mut() {
+        if (names.len() as u32) + 1 < pool.count() {
+            names.push(name());
+            cmd.timestamp(pool, names.len() as u32);
+        }
+    }
+}
 
 /// GPU time of one kernel in the last profiled decode token, summed over its dispatches
 /// (all layers, and every part of a split weight), from timestamp queries.

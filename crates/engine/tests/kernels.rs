@@ -12,17 +12,15 @@ use std::sync::Arc;
 
 use common::*;
 use engine::kernels::{
-    self, ArgmaxPush, AttentionPush, EmbedPush, InMode, Kernels, MatmulKey, MatmulPush, OutMode,
-    Slot,
+    self, ArgmaxBindings, ArgmaxPush, AttentionBindings, AttentionPush, EmbedBindings, EmbedPush,
+    InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
 use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
 use reference::RopeMode;
-use vk::{
-    Buffer, BufferView, CommandBuffer, Context, Descriptor, DescriptorSet, Pipeline, TexelFormat,
-};
+use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
 
 const U: f32 = 1.0 / 16_777_216.0;
 const TOL_K: f32 = 4.0;
@@ -83,29 +81,9 @@ fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// The nine descriptors of the matmul kernels.
-#[allow(clippy::too_many_arguments)]
-fn matmul_set(
-    p: &Pipeline,
-    w: [&BufferView; 2],
-    x: &BufferView,
-    aux: &Buffer,
-    outs: [&Buffer; 3],
-    step: &Buffer,
-    xr: &BufferView,
-) -> DescriptorSet {
-    p.descriptor_set_with(&[
-        Descriptor::Texel(w[0]),
-        Descriptor::Texel(w[1]),
-        Descriptor::Texel(x),
-        Descriptor::Buffer(aux.binding()),
-        Descriptor::Buffer(outs[0].binding()),
-        Descriptor::Buffer(outs[1].binding()),
-        Descriptor::Buffer(outs[2].binding()),
-        Descriptor::Buffer(step.binding()),
-        Descriptor::Texel(xr),
-    ])
-    .unwrap()
+/// A matmul set, through the engine's own binding contract.
+fn matmul_set(p: &Pipeline, b: MatmulBindings<'_>) -> DescriptorSet {
+    p.descriptor_set_with(&b.descriptors()).unwrap()
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) {
@@ -251,12 +229,17 @@ fn matmul_store_and_add_match_reference_for_every_type() {
                     let p = ks.matmul(k).unwrap();
                     let set = matmul_set(
                         p,
-                        [&wv, &dummy_w],
-                        &xv,
-                        &gbuf,
-                        [&out, &xg, &dummy],
-                        &step,
-                        &xv,
+                        MatmulBindings {
+                            w0: &wv,
+                            w1: &dummy_w,
+                            x: &xv,
+                            aux: gbuf.binding(),
+                            out0: out.binding(),
+                            out1: xg.binding(),
+                            out2: dummy.binding(),
+                            step: step.binding(),
+                            xr: &xv,
+                        },
                     );
                     let mut push = MatmulPush {
                         n_tok: n_tok as u32,
@@ -383,12 +366,17 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                 let wv = wview(&ctx, buf, ty);
                 let set = matmul_set(
                     p,
-                    [&wv, &dummy_w],
-                    &xgv,
-                    &dummy,
-                    [&out, &dummy, &dummy],
-                    &step,
-                    &xv,
+                    MatmulBindings {
+                        w0: &wv,
+                        w1: &dummy_w,
+                        x: &xgv,
+                        aux: dummy.binding(),
+                        out0: out.binding(),
+                        out1: dummy.binding(),
+                        out2: dummy.binding(),
+                        step: step.binding(),
+                        xr: &xv,
+                    },
                 );
                 let mut push = MatmulPush {
                     n_tok: n_tok as u32,
@@ -458,12 +446,17 @@ fn qkv_rope_and_cache_write_match_reference() {
             let dummy_w = wview(&ctx, &dummy, ty);
             let set = matmul_set(
                 p,
-                [&vqkv, &dummy_w],
-                &xgv,
-                &dummy,
-                [&qout, &kc, &vc],
-                &step,
-                &xv,
+                MatmulBindings {
+                    w0: &vqkv,
+                    w1: &dummy_w,
+                    x: &xgv,
+                    aux: dummy.binding(),
+                    out0: qout.binding(),
+                    out1: kc.binding(),
+                    out2: vc.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                },
             );
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
@@ -582,12 +575,17 @@ fn gate_up_swiglu_matches_reference() {
             let p = ks.matmul(k).unwrap();
             let set = matmul_set(
                 p,
-                [&vg, &vu],
-                &xgv,
-                &dummy,
-                [&out, &dummy, &dummy],
-                &step,
-                &xv,
+                MatmulBindings {
+                    w0: &vg,
+                    w1: &vu,
+                    x: &xgv,
+                    aux: dummy.binding(),
+                    out0: out.binding(),
+                    out1: dummy.binding(),
+                    out2: dummy.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                },
             );
             let mut push = MatmulPush {
                 n_tok: n_tok as u32,
@@ -674,15 +672,18 @@ fn embedding_gather_matches_reference_for_every_type() {
             wview(&ctx, &dummy, ty),
         );
         let set = p
-            .descriptor_set_with(&[
-                Descriptor::Texel(&va),
-                Descriptor::Texel(&vb),
-                Descriptor::Texel(&vd),
-                Descriptor::Buffer(x.binding()),
-                Descriptor::Buffer(step.binding()),
-                Descriptor::Buffer(xg.binding()),
-                Descriptor::Buffer(gbuf.binding()),
-            ])
+            .descriptor_set_with(
+                &EmbedBindings {
+                    w0: &va,
+                    w1: &vb,
+                    w2: &vd,
+                    x: x.binding(),
+                    step: step.binding(),
+                    xg: xg.binding(),
+                    g: gbuf.binding(),
+                }
+                .descriptors(),
+            )
             .unwrap();
         let push = EmbedPush {
             ncols: cols as u32,
@@ -755,13 +756,16 @@ fn attention_matches_reference() {
         let (qv4, kv4, vv4) = (xview(&ctx, &qb), xview(&ctx, &kb), xview(&ctx, &vb));
         let p = ks.attention(hd as u32).unwrap();
         let set = p
-            .descriptor_set_with(&[
-                Descriptor::Texel(&qv4),
-                Descriptor::Texel(&kv4),
-                Descriptor::Texel(&vv4),
-                Descriptor::Buffer(out.binding()),
-                Descriptor::Buffer(step.binding()),
-            ])
+            .descriptor_set_with(
+                &AttentionBindings {
+                    q: &qv4,
+                    k_cache: &kv4,
+                    v_cache: &vv4,
+                    out: out.binding(),
+                    step: step.binding(),
+                }
+                .descriptors(),
+            )
             .unwrap();
         let push = AttentionPush {
             n_heads: n_heads as u32,
@@ -824,7 +828,13 @@ fn argmax_matches_reference() {
         let res = upload(&ctx, "res", &[u32::MAX; 4]);
         let set = ks
             .argmax
-            .descriptor_set(&[lb.binding(), res.binding()])
+            .descriptor_set_with(
+                &ArgmaxBindings {
+                    logits: lb.binding(),
+                    result: res.binding(),
+                }
+                .descriptors(),
+            )
             .unwrap();
         run(
             &ctx,
@@ -887,22 +897,20 @@ fn every_matmul_variant_builds() {
     assert_no_validation_errors(&ctx);
 }
 
-/// The layouts the engine binds agree with the SPIR-V reflection (crates/vk/build.rs):
-/// every matmul variant of either kernel declares [`kernels::MATMUL_BINDINGS`] bindings
-/// with the weights, x and xr as texel buffers, so one descriptor set serves the decode
-/// and prefill pipelines of a dispatch; likewise embed, attention and argmax.
+/// The bindings structs the engine builds its sets with agree with the SPIR-V reflection
+/// (crates/vk/build.rs): every matmul variant of either kernel declares the
+/// [`MatmulBindings`] layout (weights, x and xr as texel buffers), so one descriptor set
+/// serves the decode and prefill pipelines of a dispatch; likewise [`EmbedBindings`],
+/// [`AttentionBindings`] and [`ArgmaxBindings`].
 #[test]
 fn reflected_layouts_agree_with_the_engine_bindings() {
-    use vk::DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};
     let mut seen = 0;
     for k in vk::Kernel::ALL {
         let (n, kinds): (u32, &[vk::DescriptorKind]) = match k.name().split('.').next() {
-            Some("matmul" | "matmul_split") => {
-                (kernels::MATMUL_BINDINGS, &[T, T, T, S, S, S, S, S, T])
-            }
-            Some("embed") => (kernels::EMBED_BINDINGS, &[T, T, T, S, S, S, S]),
-            Some("attention") => (kernels::ATTENTION_BINDINGS, &[T, T, T, S, S]),
-            Some("argmax") => (kernels::ARGMAX_BINDINGS, &[S, S]),
+            Some("matmul" | "matmul_split") => (kernels::MATMUL_BINDINGS, &MatmulBindings::KINDS),
+            Some("embed") => (kernels::EMBED_BINDINGS, &EmbedBindings::KINDS),
+            Some("attention") => (kernels::ATTENTION_BINDINGS, &AttentionBindings::KINDS),
+            Some("argmax") => (kernels::ARGMAX_BINDINGS, &ArgmaxBindings::KINDS),
             _ => continue,
         };
         assert_eq!(k.bindings(), n, "{}", k.name());

@@ -1,0 +1,56 @@
+//! `attention.comp`: causal GQA attention of a batch over the KV cache. The contract:
+//! [`AttentionPush`], the variant (head dimension, a specialisation constant),
+//! [`AttentionBindings`].
+
+use bytemuck::{Pod, Zeroable};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind};
+
+/// Push constants of `attention.comp` (GLSL twin: its `push_constant` block).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttentionPush {
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub scale: f32,
+}
+const _: () = assert!(std::mem::size_of::<AttentionPush>() == 16);
+
+/// Bindings of `attention.comp`: q, k cache, v cache, out, step.
+pub const ATTENTION_BINDINGS: u32 = 5;
+/// Largest head dimension `attention.comp` is built for (it keeps q and the running
+/// output of a head in registers).
+pub const ATTENTION_MAX_HEAD_DIM: u32 = 256;
+/// Workgroup size of `attention.comp`.
+pub const ATTENTION_WG: u32 = 8;
+
+/// What the attention kernel binds, by name (GLSL: `shaders/attention.comp`).
+#[derive(Clone)]
+pub struct AttentionBindings<'a> {
+    /// q, and the layer's key and value caches, as RGBA32F texels.
+    pub q: &'a BufferView,
+    pub k_cache: &'a BufferView,
+    pub v_cache: &'a BufferView,
+    /// att_out written.
+    pub out: BufferBinding,
+    pub step: BufferBinding,
+}
+
+impl<'a> AttentionBindings<'a> {
+    /// Descriptor kinds, in binding order, that the SPIR-V declares.
+    pub const KINDS: [DescriptorKind; ATTENTION_BINDINGS as usize] = {
+        use DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};
+        [T, T, T, S, S]
+    };
+
+    /// The descriptor writes, in binding order.
+    pub fn descriptors(&self) -> [Descriptor<'a>; ATTENTION_BINDINGS as usize] {
+        [
+            Descriptor::Texel(self.q),
+            Descriptor::Texel(self.k_cache),
+            Descriptor::Texel(self.v_cache),
+            Descriptor::Buffer(self.out.clone()),
+            Descriptor::Buffer(self.step.clone()),
+        ]
+    }
+}

@@ -1,0 +1,79 @@
+//! `embed.comp`: the embedding row gather, dequantised in registers, also writing
+//! x∘g (the first rmsnorm's input). The contract: [`EmbedPush`], the variant (the table's
+//! weight type: `embed.<type>`), [`EmbedBindings`].
+
+use bytemuck::{Pod, Zeroable};
+use gguf::GgmlType;
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Kernel};
+
+use super::supported_weight_type;
+use crate::EngineError;
+
+/// Push constants of `embed.comp` (GLSL twin: its `push_constant` block).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct EmbedPush {
+    pub ncols: u32,
+    pub out_ld: u32,
+    pub n_tok: u32,
+    /// Float offset of the first norm weight inside its binding.
+    pub g_ofs: u32,
+    /// Rows `[part_end[v-1], part_end[v])` live in binding `v`.
+    pub part_end: [u32; 4],
+    pub wofs: [u32; 4],
+}
+const _: () = assert!(std::mem::size_of::<EmbedPush>() == 48);
+
+/// The embedding kernel for a table of type `ty`: `embed.<type>`.
+pub(super) fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
+    let name = format!("embed.{}", ty.name().to_ascii_lowercase());
+    match Kernel::by_name(&name) {
+        Some(k) if supported_weight_type(ty) => Ok(k),
+        _ => Err(EngineError::Unsupported(format!(
+            "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
+            ty.name()
+        ))),
+    }
+}
+
+/// Bindings of `embed.comp`: w0, w1, w2, x, step, xg, g.
+pub const EMBED_BINDINGS: u32 = 7;
+/// Workgroup size of `embed.comp`.
+pub const EMBED_WG: u32 = 8;
+
+/// What the embedding gather binds, by name (GLSL: `shaders/embed.comp`).
+#[derive(Clone)]
+pub struct EmbedBindings<'a> {
+    /// The table's row-range parts (unused ones: any weight view), texel buffers.
+    pub w0: &'a BufferView,
+    pub w1: &'a BufferView,
+    pub w2: &'a BufferView,
+    /// The residual written, one row per token.
+    pub x: BufferBinding,
+    pub step: BufferBinding,
+    /// x∘g written.
+    pub xg: BufferBinding,
+    /// The first norm weight.
+    pub g: BufferBinding,
+}
+
+impl<'a> EmbedBindings<'a> {
+    /// Descriptor kinds, in binding order, that the SPIR-V declares.
+    pub const KINDS: [DescriptorKind; EMBED_BINDINGS as usize] = {
+        use DescriptorKind::{StorageBuffer as S, UniformTexelBuffer as T};
+        [T, T, T, S, S, S, S]
+    };
+
+    /// The descriptor writes, in binding order.
+    pub fn descriptors(&self) -> [Descriptor<'a>; EMBED_BINDINGS as usize] {
+        [
+            Descriptor::Texel(self.w0),
+            Descriptor::Texel(self.w1),
+            Descriptor::Texel(self.w2),
+            Descriptor::Buffer(self.x.clone()),
+            Descriptor::Buffer(self.step.clone()),
+            Descriptor::Buffer(self.xg.clone()),
+            Descriptor::Buffer(self.g.clone()),
+        ]
+    }
+}
