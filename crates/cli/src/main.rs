@@ -26,6 +26,7 @@ mod inspect;
 mod out;
 mod run;
 mod stats;
+mod supervise;
 mod tokenize;
 
 use std::io::IsTerminal;
@@ -84,7 +85,13 @@ fn main() {
         Some(Command::Tokenize(args)) => tokenize::run(args),
         Some(Command::Info(args)) => info::run(args),
         Some(Command::Bench(args)) => bench::run(args),
-        None => run::run(cli.run),
+        // weights that may be file pages: a worker process, so that a file shrinking
+        // under the run is reported by name (see `supervise`)
+        None => match run::file_backed_model(&cli.run).filter(|_| !supervise::is_worker()) {
+            Some(model) => supervise::run(&model, std::env::args_os().skip(1))
+                .map(|code| std::process::exit(code)),
+            None => run::run(cli.run),
+        },
     };
     if let Err(err) = result {
         // stdout closed by its reader (`| head -1`): nothing more to show, not an error

@@ -227,6 +227,13 @@ fn validate_sampling(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The model path of a run whose weights may be the file's own pages (the Vulkan backend
+/// with `--weights auto` or `import`), which `main` runs in a supervised worker.
+pub fn file_backed_model(args: &Args) -> Option<PathBuf> {
+    let file_pages = args.backend == Backend::Vulkan && args.weights != WeightsArg::Copy;
+    args.model.clone().filter(|_| file_pages)
+}
+
 pub fn run(args: Args) -> Result<()> {
     let Some(model_path) = args.model.clone() else {
         bail!("no model given: use -m FILE.gguf (see `vkdecode --help`; `models/fetch` gets the default model)");

@@ -436,3 +436,77 @@ fn chat_user_text_never_becomes_control_tokens() {
     let parsed = ids_of(&["--special"]);
     assert_eq!(count(&parsed, 1), 5, "{parsed:?}");
 }
+
+/// Defect 3: truncating the model file under an importing run killed it with a bare
+/// SIGBUS (exit 135, no message): on lavapipe the lost page is read by a driver thread
+/// that blocks the signal, so no handler in the process can run. Now the run is a
+/// supervised worker: the truncation is reported by name, either as the SIGBUS line with
+/// status 74, or (when it lands between tokens) as the file-changed error, status 1.
+#[test]
+fn a_model_file_truncated_mid_run_is_named() {
+    let dir = TempDir::new("truncate");
+    let path = dir.join("copy.gguf");
+    std::fs::copy(q8(), &path).expect("copying the model");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args([
+            "-m",
+            path.to_str().unwrap(),
+            "-p",
+            "Once upon a time",
+            "-n",
+            "2000",
+        ])
+        .args([
+            "-c",
+            "2048",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "--weights",
+            "import",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vkdecode");
+    // decoding has started once the first text arrives
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .expect("the run printed nothing");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(50_000_000))
+        .expect("truncating the copy");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            child.kill().ok();
+            panic!("still running 120 s after the model file was truncated");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let name = path.display().to_string();
+    let sigbus_line = status.code() == Some(74)
+        && err.contains("SIGBUS reading the model file")
+        && err.contains("changed or shrank while mapped");
+    let changed_error = status.code() == Some(1) && err.contains("changed while mapped");
+    assert!(
+        (sigbus_line || changed_error) && err.contains(&name),
+        "status {status}: {err}"
+    );
+}

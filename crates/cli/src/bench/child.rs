@@ -139,7 +139,9 @@ pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResu
         let stderr = std::fs::File::create(&stderr_path)
             .with_context(|| format!("creating {}", stderr_path.display()))?;
         let mut cmd = Command::new(spec.exe);
-        cmd.args(&spec.args)
+        // the bench measures the process that decodes: no supervisor in between
+        cmd.env(crate::supervise::WORKER_ENV, "1")
+            .args(&spec.args)
             .arg("--stats-json")
             .arg(&stats_path)
             .stdin(Stdio::null())

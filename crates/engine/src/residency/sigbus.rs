@@ -169,3 +169,22 @@ mod tests {
         assert!(m.ends_with('\n') && m.lines().count() == 1, "{m:?}");
     }
 }
+
+/// Sends `SIGINT` to process `pid`: the CLI's supervisor (see `vkdecode`'s `supervise`
+/// module) forwards a Ctrl-C to the worker it started, which runs in its own process
+/// group.
+pub fn interrupt(pid: u32) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("process id {pid} out of range"),
+        )
+    })?;
+    // SAFETY: kill(2) reads no memory of ours; sending a signal to a process id has no
+    // memory-safety precondition (the caller names a child it spawned and has not reaped).
+    let rc = unsafe { libc::kill(pid, libc::SIGINT) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
