@@ -2,7 +2,8 @@
 //! `forward()`: embedding → per layer (qkv, attention, output + residual, gate/up,
 //! down + residual) → logits (final norm folded in) → argmax. One global barrier between
 //! dependent dispatches; no host wait anywhere in here. What each step reads and writes
-//! is in [`step`], built once at load (model.rs binds it).
+//! is in `step.rs`, built once at load (model.rs binds it; forward depends on model, model
+//! on step, never the other way).
 
 use vk::{CommandBuffer, QueryPool};
 
@@ -204,7 +205,3 @@ impl Recorder<'_> {
         self.cmd.barrier();
     }
 }
-
-/// The steps of the pass as data: for each fused matmul, the weights it reads, its input
-/// and what it writes (model.rs turns each into dispatches and descriptor sets at load).
-pub(crate) mod step;

@@ -27,6 +27,7 @@ pub mod pagecache;
 pub mod profile;
 pub mod sampling;
 pub mod session;
+mod step;
 mod views;
 pub use generate::{
     Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,

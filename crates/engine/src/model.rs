@@ -18,12 +18,12 @@ use std::sync::Arc;
 use vk::{BufferBinding, BufferView, DescriptorSet};
 
 use crate::activations::Activations;
-use crate::forward::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::kernels::{
     self, ArgmaxBindings, EmbedBindings, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
     CHUNK,
 };
 use crate::residency::{TensorView, ViewPart, Weights};
+use crate::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::views::Views;
 use crate::EngineError;
 
