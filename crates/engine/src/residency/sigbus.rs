@@ -152,24 +152,6 @@ extern "C" fn on_sigbus(_signal: libc::c_int, info: *mut libc::siginfo_t, _uc: *
     unsafe { libc::sigaction(libc::SIGBUS, &record.previous, std::ptr::null_mut()) };
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_message_names_the_file_and_the_cause() {
-        let m = message(Path::new("/models/x.gguf"));
-        assert!(m.contains("/models/x.gguf"), "{m}");
-        assert!(
-            m.contains(
-                "the model file changed or shrank while mapped; replace model files by rename"
-            ),
-            "{m}"
-        );
-        assert!(m.ends_with('\n') && m.lines().count() == 1, "{m:?}");
-    }
-}
-
 /// Sends `SIGINT` to process `pid`: the CLI's supervisor (see `vkdecode`'s `supervise`
 /// module) forwards a Ctrl-C to the worker it started, which runs in its own process
 /// group.
@@ -187,4 +169,22 @@ pub fn interrupt(pid: u32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_names_the_file_and_the_cause() {
+        let m = message(Path::new("/models/x.gguf"));
+        assert!(m.contains("/models/x.gguf"), "{m}");
+        assert!(
+            m.contains(
+                "the model file changed or shrank while mapped; replace model files by rename"
+            ),
+            "{m}"
+        );
+        assert!(m.ends_with('\n') && m.lines().count() == 1, "{m:?}");
+    }
 }
