@@ -7,6 +7,7 @@
 //! (`--cold`), reads `MemAvailable` (`--procs`), and summarises.
 
 mod child;
+mod json;
 mod plot;
 mod report;
 mod stats;
@@ -338,7 +339,7 @@ pub fn run(args: Args) -> Result<()> {
     let summary = report::Summary::new(&bench);
     outln!("{}", table::table(&bench, &summary));
     if let Some(path) = &args.json {
-        let json = report::to_json(&bench, &summary);
+        let json = json::to_json(&bench, &summary);
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());

@@ -1,7 +1,8 @@
 //! The summary as a plain-text table on stdout: per arm median [min..max] of every
 //! figure, then the pairwise ratios and the headline pair's pairwise difference.
 
-use super::report::{first_stat, Summary, FIGURES, GROUP_FIGURES};
+use super::json::first_stat;
+use super::report::{Summary, FIGURES, GROUP_FIGURES};
 use super::Bench;
 
 /// The summary as a plain-text table.
