@@ -48,13 +48,14 @@ void main() {
     uint row = step_tokens[t];
     uint part = row < pc.part_end.x ? 0u : (row < pc.part_end.y ? 1u : 2u);
     uint first = part == 0u ? 0u : (part == 1u ? pc.part_end.x : pc.part_end.y);
-    uint base = pc.wofs[part] + (row - first) * nchunks * CHUNK_WORDS + c * CHUNK_WORDS;
+    uint wofs = pc.wofs[part];
+    uint r = row - first;
     uint o = t * (pc.out_ld / 4u) + c * 16u;
     if (part == 0u) {
-        QUANT_CHUNK(w0, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
+        QUANT_ROW_CHUNK(w0, wofs, r, nchunks, c, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     } else if (part == 1u) {
-        QUANT_CHUNK(w1, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
+        QUANT_ROW_CHUNK(w1, wofs, r, nchunks, c, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     } else {
-        QUANT_CHUNK(w2, base, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
+        QUANT_ROW_CHUNK(w2, wofs, r, nchunks, c, EMIT(fma(vec4(qd), wq, vec4(qm)), qi), )
     }
 }

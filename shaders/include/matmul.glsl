@@ -93,13 +93,13 @@ vec4 xq(uint t, uint q) {
         if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
     }
 
-// ACC (one component per token) += chunk C of the row at word BASE of binding B · X
-// (input quads X0..X3, one array per token), the block scale applied per block.
-#define ROW_CHUNK(B, BASE, C, X0, X1, X2, X3, ACC)                                        \
+// ACC (one component per token) += chunk C of row ROW of the view at word WOFS of binding
+// B · X (input quads X0..X3, one array per token), the block scale applied per block.
+#define ROW_CHUNK(B, WOFS, ROW, C, X0, X1, X2, X3, ACC)                                   \
     {                                                                                     \
         vec4 s_ = vec4(0.0);                                                              \
         vec4 sx_ = vec4(0.0);                                                             \
-        QUANT_CHUNK(B, (BASE) + (C) * CHUNK_WORDS,                                        \
+        QUANT_ROW_CHUNK(B, (WOFS), (ROW), pc.ncols / 64u, (C),                            \
             QUAD_TOKEN(X0, x)                                                             \
             if (TB > 1u) QUAD_TOKEN(X1, y)                                                \
             if (TB > 2u) QUAD_TOKEN(X2, z)                                                \
@@ -115,23 +115,26 @@ vec4 xq(uint t, uint q) {
 // Chunk C of pair P (both rows) into its accumulators, through the view's binding(s).
 #if OUT_MODE == OUT_GLU
 #define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
-    ROW_CHUNK(w0, P.base_a, C, X0, X1, X2, X3, ACC_A)                                     \
-    ROW_CHUNK(w1, P.base_b, C, X0, X1, X2, X3, ACC_B)
+    ROW_CHUNK(w0, P.wofs_a, P.row_a, C, X0, X1, X2, X3, ACC_A)                            \
+    ROW_CHUNK(w1, P.wofs_b, P.row_b, C, X0, X1, X2, X3, ACC_B)
 #else
 #define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
-    ROW_CHUNK(w0, P.base_a, C, X0, X1, X2, X3, ACC_A)                                     \
-    ROW_CHUNK(w0, P.base_b, C, X0, X1, X2, X3, ACC_B)
+    ROW_CHUNK(w0, P.wofs_a, P.row_a, C, X0, X1, X2, X3, ACC_A)                            \
+    ROW_CHUNK(w0, P.wofs_b, P.row_b, C, X0, X1, X2, X3, ACC_B)
 #endif
 
-// The two rows of pair p of a view: global rows, whether each exists, and where they
-// start in the weight binding (a missing row reads row 0 and is not stored).
+// The two rows of pair p of a view: rows in the view, whether each exists, and what is
+// read for each (QUANT_ROW_CHUNK's view word offset and row: a missing row reads row 0
+// and is not stored).
 struct Pair {
     uint ra;
     uint rb;
     bool a_ok;
     bool b_ok;
-    uint base_a;
-    uint base_b;
+    uint wofs_a;
+    uint wofs_b;
+    uint row_a;
+    uint row_b;
 };
 
 Pair pair_rows(uint p, uint nrows, uint wofs, bool exists) {
@@ -154,14 +157,15 @@ Pair pair_rows(uint p, uint nrows, uint wofs, bool exists) {
 #endif
     r.a_ok = exists && r.ra < nrows;
     r.b_ok = r.a_ok && r.rb < nrows;
-    uint row_words = (pc.ncols / 64u) * CHUNK_WORDS;
-    r.base_a = wofs + (r.a_ok ? r.ra : 0u) * row_words;
+    r.wofs_a = wofs;
+    r.row_a = r.a_ok ? r.ra : 0u;
 #if OUT_MODE == OUT_GLU
-    // row rb of up lies at up's own word offset (slot 1)
-    r.base_b = pc.wofs[1] + (r.b_ok ? r.rb : 0u) * row_words;
+    // row rb of up lies in up's own view (slot 1)
+    r.wofs_b = pc.wofs[1];
 #else
-    r.base_b = wofs + (r.b_ok ? r.rb : 0u) * row_words;
+    r.wofs_b = wofs;
 #endif
+    r.row_b = r.b_ok ? r.rb : 0u;
     return r;
 }
 

@@ -14,7 +14,8 @@
 //               element itself: all exact in f32)
 //   uint qi  -- the quad's index in the chunk (elements 4qi..4qi+3), 0..15
 //   float qd, qm -- the affine map of the quad's block: element = qd * q + qm
-// and BLOCK_END once after each block's quads, seeing qd and qm. A caller that wants the
+// and BLOCK_END once after each block's quads, seeing qd and qm. Kernels address weights
+// only through QUANT_ROW_CHUNK (end of file): chunk c of row r of a view. A caller that wants the
 // elements writes fma(vec4(qd), wq, vec4(qm)); a dot product applies qd and qm once per
 // block instead (QUANT_HAS_MIN: whether qm can be non-zero). It is a macro, not a function,
 // so one body serves every binding; it keeps no arrays (lavapipe turns dynamically
@@ -255,4 +256,13 @@ void load10(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec2 w
 
 #else
 #error "define one of WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_F16, WTYPE_F32"
+#endif
+
+// QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END): chunk c of row `row` of a
+// view whose first row starts at word `wofs` of BUF, rows of `nchunks` chunks; BODY and
+// BLOCK_END as QUANT_CHUNK's. The only way the kernels read weights: a type whose rows
+// are not whole words (the K-quants' super-blocks) defines its own addressing above.
+#ifndef QUANT_ROW_CHUNK
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    QUANT_CHUNK(BUF, (wofs) + ((row) * (nchunks) + (c)) * CHUNK_WORDS, BODY, BLOCK_END)
 #endif
