@@ -18,12 +18,17 @@ struct Variant {
 }
 
 /// The weight types the matmul and embedding kernels read: variant name and define.
-const WEIGHT_TYPES: [(&str, &str); 5] = [
+const WEIGHT_TYPES: &[(&str, &str)] = &[
     ("q8_0", "WTYPE_Q8_0"),
     ("q4_0", "WTYPE_Q4_0"),
     ("q4_1", "WTYPE_Q4_1"),
     ("f16", "WTYPE_F16"),
     ("f32", "WTYPE_F32"),
+    ("q4_k", "WTYPE_Q4_K"),
+    ("q5_k", "WTYPE_Q5_K"),
+    ("q6_k", "WTYPE_Q6_K"),
+    ("q3_k", "WTYPE_Q3_K"),
+    ("q2_k", "WTYPE_Q2_K"),
 ];
 
 /// The fused matmul steps of the forward pass (engine::kernels::Epilogue): name, defines.
@@ -55,12 +60,12 @@ fn variants(stem: &str) -> Vec<Variant> {
     let mut out = Vec::new();
     match stem {
         "embed" => {
-            for (ty, def) in WEIGHT_TYPES {
+            for &(ty, def) in WEIGHT_TYPES {
                 out.push(variant(ty.to_string(), &[def]));
             }
         }
         "matmul" => {
-            for (ty, def) in WEIGHT_TYPES {
+            for &(ty, def) in WEIGHT_TYPES {
                 for tb in MATMUL_TB {
                     for (epi, defs) in EPILOGUES {
                         if epi == "logits" && tb != 1 {
@@ -75,7 +80,7 @@ fn variants(stem: &str) -> Vec<Variant> {
             }
         }
         "matmul_split" => {
-            for (ty, def) in WEIGHT_TYPES {
+            for &(ty, def) in WEIGHT_TYPES {
                 for k in SPLIT_K {
                     for (epi, defs) in EPILOGUES {
                         let kdef = format!("SPLIT_K={k}");

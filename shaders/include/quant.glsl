@@ -254,6 +254,11 @@ void load10(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec2 w
         BLOCK_END                                                                         \
     }
 
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K) || defined(WTYPE_Q6_K) || defined(WTYPE_Q3_K) \
+    || defined(WTYPE_Q2_K)
+// 256-element super-blocks, each type with its own QUANT_ROW_CHUNK.
+#include "quant_k.glsl"
+
 #else
 #error "define one of WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_1, WTYPE_F16, WTYPE_F32"
 #endif

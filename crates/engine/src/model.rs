@@ -174,8 +174,19 @@ fn matrix<'w>(
         return Err(EngineError::Tensor {
             name: name.into(),
             why: format!(
-                "type {} is not read by the GPU kernels (Q8_0, Q4_0, Q4_1, F16, F32 are)",
-                v.ty.name()
+                "type {} is not read by the GPU kernels ({} are)",
+                v.ty.name(),
+                kernels::supported_weight_type_names()
+            ),
+        });
+    }
+    if kernels::is_k_quant(v.ty) && !cols.is_multiple_of(kernels::K_SUPER_BLOCK) {
+        return Err(EngineError::Tensor {
+            name: name.into(),
+            why: format!(
+                "rows of {cols} elements: the GPU kernels read {} in rows that are a multiple of {} columns (whole super-blocks)",
+                v.ty.name(),
+                kernels::K_SUPER_BLOCK
             ),
         });
     }

@@ -30,8 +30,9 @@ pub(super) fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
     match Kernel::by_name(&name) {
         Some(k) if supported_weight_type(ty) => Ok(k),
         _ => Err(EngineError::Unsupported(format!(
-            "an embedding table of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
-            ty.name()
+            "an embedding table of type {} (the GPU kernels read {})",
+            ty.name(),
+            super::supported_weight_type_names()
         ))),
     }
 }

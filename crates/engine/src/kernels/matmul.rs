@@ -144,8 +144,9 @@ impl MatmulKey {
         })?;
         if !supported_weight_type(self.wtype) {
             return Err(EngineError::Unsupported(format!(
-                "weights of type {} (the GPU kernels read Q8_0, Q4_0, Q4_1, F16 and F32)",
-                self.wtype.name()
+                "weights of type {} (the GPU kernels read {})",
+                self.wtype.name(),
+                super::supported_weight_type_names()
             )));
         }
         let ty = self.wtype.name().to_ascii_lowercase();

@@ -6,7 +6,7 @@
 //! - `embed.comp`: embedding row gather, dequantised in registers;
 //! - `matmul.comp` (lanes own rows) and `matmul_split.comp` (lanes split each row's
 //!   columns, one token): `Y = W·X`, weights read in place from the GGUF blocks (Q8_0,
-//!   Q4_0, Q4_1, F16, F32), with the fusions of DESIGN.md as build-time variants
+//!   Q4_0, Q4_1, F16, F32, and the K-quants Q4_K, Q5_K, Q6_K, Q3_K, Q2_K), with the fusions of DESIGN.md as build-time variants
 //!   ([`Epilogue`]): rmsnorm folded into the input, and the output stored, added to the
 //!   residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
@@ -55,17 +55,50 @@ pub const STEP_TOKENS_OFFSET: u64 = 16 + 4 * STEP_FREQS_MAX as u64;
 pub fn supported_weight_type(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::F16
+            | GgmlType::F32
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q3_K
+            | GgmlType::Q2_K
     )
 }
 
-/// The texel format weights of `ty` are bound with (the `W_TEXEL_WORDS` of
-/// `shaders/include/quant.glsl`): Q8_0, Q4_0 and Q4_1 chunks (17, 9 and 10 words) are
-/// read as 16-byte texels and realigned in registers, 2.5-3.4x fewer fetches; F16 and
-/// F32 word by word.
+/// The weight types the kernels read, by name ("Q8_0, Q4_0, ..."), for error messages.
+pub fn supported_weight_type_names() -> String {
+    GgmlType::ALL
+        .iter()
+        .filter(|t| supported_weight_type(**t))
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `ty` is a K-quant: 256-element super-blocks, so the kernels need rows that
+/// are a multiple of [`K_SUPER_BLOCK`] columns.
+pub fn is_k_quant(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K
+    )
+}
+
+/// Elements per K-quant super-block.
+pub const K_SUPER_BLOCK: usize = 256;
+
+/// The texel format weights of `ty` are bound with (`shaders/include/quant.glsl`): the
+/// block types are read as 16-byte texels and realigned in registers (Q8_0, Q4_0 and
+/// Q4_1 chunks of 17, 9 and 10 words: 2.5-3.4x fewer fetches than word by word; the
+/// K-quants' runs of 4 to 16 words likewise, `include/quant_k.glsl`); F16 and F32 word
+/// by word.
 pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => vk::TexelFormat::Rgba32Uint,
+        ty if is_k_quant(ty) => vk::TexelFormat::Rgba32Uint,
         _ => vk::TexelFormat::R32Uint,
     }
 }

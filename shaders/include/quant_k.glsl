@@ -1,0 +1,338 @@
+// The K-quant sections of quant.glsl (included from there when a WTYPE_Q*_K is defined):
+// 256-element super-blocks read in place, decoded in registers. Each type defines
+// QUANT_ROW_CHUNK itself (see quant.glsl for the contract: BODY sees quads wq with qi, qd,
+// qm; BLOCK_END closes each sub-block): chunk c of a row is sub-chunk c % 4 of the row's
+// super-block c / 4, and the sub-block scales and mins are decoded from the super-block's
+// header for that chunk alone. Rows must be a multiple of 256 elements (the host checks).
+// Super-blocks of 144 (Q4_K), 176 (Q5_K) and 84 (Q2_K) bytes are addressed in words; those
+// of 210 (Q6_K) and 110 (Q3_K) bytes are only 2-byte aligned after an odd one, so they are
+// addressed in half-words: whole texels are fetched and the words funnel-shifted by 16
+// bits in registers. Every weight type here is bound as RGBA32UI texels, and no fetch
+// touches a texel that holds none of the bytes read (the view ends at the last one).
+//
+// Rust twins (crates/gguf/src/quant.rs, dequantised in quant/k_dequant.rs):
+//   Q4_K { d, dmin: f16, scales: [u8; 12], qs: [u8; 128] }       144 bytes
+//   Q5_K { d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128] }  176 bytes
+//   Q6_K { ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16 }  210 bytes
+//   Q3_K { hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16 }  110 bytes
+//   Q2_K { scales: [u8; 16], qs: [u8; 64], d, dmin: f16 }         84 bytes
+
+// Words sh..sh+3 (sh = 0..3) of the eight words of texels a, b.
+uvec4 k_window4(uvec4 a, uvec4 b, uint sh) {
+    bool s1 = (sh & 1u) != 0u;
+    uvec4 u = s1 ? uvec4(a.yzw, b.x) : a;
+    uvec2 v = s1 ? b.yz : b.xy;
+    return (sh & 2u) != 0u ? uvec4(u.zw, v) : u;
+}
+
+// The words of a starting 16 bits in when `odd` (`next` follows a).
+uvec4 k_funnel(uvec4 a, uint next, bool odd) {
+    return odd ? ((a >> 16u) | (uvec4(a.yzw, next) << 16u)) : a;
+}
+
+// The word at word w: one texel fetch.
+uint k_word(usamplerBuffer b, uint w) {
+    return word_of(texelFetch(b, int(w >> 2u)), w & 3u);
+}
+
+// The 4 words at word w: 2 fetches.
+uvec4 k_load4w(usamplerBuffer b, uint w) {
+    int t = int(w >> 2u);
+    int last = int((w + 3u) >> 2u);
+    return k_window4(texelFetch(b, t), texelFetch(b, min(t + 1, last)), w & 3u);
+}
+
+// The 8 words at word w: 3 fetches.
+void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
+    int t = int(w >> 2u);
+    int last = int((w + 7u) >> 2u);
+    window8(texelFetch(b, t), texelFetch(b, t + 1), texelFetch(b, min(t + 2, last)), w & 3u,
+            r0, r1);
+}
+
+// The 12 words at word w: 4 fetches.
+void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
+    int t = int(w >> 2u);
+    int last = int((w + 11u) >> 2u);
+    uvec4 t2 = texelFetch(b, t + 2);
+    uvec4 t3 = texelFetch(b, min(t + 3, last));
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, w & 3u, r0, r1);
+    r2 = k_window4(t2, t3, w & 3u);
+}
+
+// The 8 words starting at half-word h: 3 fetches.
+void k_load8h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1) {
+    int t = int(h >> 3u);
+    int last = int((h + 15u) >> 3u);
+    uint sh = (h >> 1u) & 3u;
+    bool odd = (h & 1u) != 0u;
+    uvec4 t2 = texelFetch(b, min(t + 2, last));
+    uvec4 u0;
+    uvec4 u1;
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, sh, u0, u1);
+    r0 = k_funnel(u0, u1.x, odd);
+    r1 = k_funnel(u1, word_of(t2, sh), odd);
+}
+
+// The 16 words starting at half-word h: 5 fetches.
+void k_load16h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1, out uvec4 r2,
+               out uvec4 r3) {
+    int t = int(h >> 3u);
+    int last = int((h + 31u) >> 3u);
+    uint sh = (h >> 1u) & 3u;
+    bool odd = (h & 1u) != 0u;
+    uvec4 t2 = texelFetch(b, t + 2);
+    uvec4 t4 = texelFetch(b, min(t + 4, last));
+    uvec4 u0, u1, u2, u3;
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, sh, u0, u1);
+    window8(t2, texelFetch(b, t + 3), t4, sh, u2, u3);
+    r0 = k_funnel(u0, u1.x, odd);
+    r1 = k_funnel(u1, u2.x, odd);
+    r2 = k_funnel(u2, u3.x, odd);
+    r3 = k_funnel(u3, word_of(t4, sh), odd);
+}
+
+// The 4 words and the half-word after them (the low 16 bits of .y) starting at half-word
+// h, when h's texel and the next hold all of them: 2 fetches.
+void k_load4h_tail(usamplerBuffer b, uint h, uint nhalf, out uvec4 r, out uint tail) {
+    int t = int(h >> 3u);
+    int last = int((h + nhalf - 1u) >> 3u);
+    uint sh = (h >> 1u) & 3u;
+    bool odd = (h & 1u) != 0u;
+    uvec4 t1 = texelFetch(b, min(t + 1, last));
+    uvec4 u = k_window4(texelFetch(b, t), t1, sh);
+    uint next = word_of(t1, sh);
+    r = k_funnel(u, next, odd);
+    tail = odd ? (next >> 16u) : (next & 0xFFFFu);
+}
+
+// The four bytes of a word as floats.
+vec4 k_bytes(uint q) {
+    return vec4(float(q & 0xFFu), float((q >> 8u) & 0xFFu), float((q >> 16u) & 0xFFu),
+                float(q >> 24u));
+}
+
+// The four signed `bits`-bit fields at the bottom of each byte of q, each placed in the top
+// bits of an int (value * 2^(32 - bits), exact in f32; the factor is folded into qd).
+vec4 k_signed_top(uint q, uint bits) {
+    uint m = ~0u << (32u - bits);
+    return vec4(float(int(q << (32u - bits))), float(int((q << (24u - bits)) & m)),
+                float(int((q << (16u - bits)) & m)), float(int((q << (8u - bits)) & m)));
+}
+
+// One quad of BODY: wq = EXPR, qi = QI.
+#define K_QUAD_(EXPR, QI, BODY)                                                           \
+    {                                                                                     \
+        vec4 wq = (EXPR);                                                                 \
+        uint qi = (QI);                                                                   \
+        BODY                                                                              \
+    }
+
+// Eight quads QI0..QI0+7 of BODY, quad k from F(word k of A0/A1, word k of B0/B1).
+#define K_8QUADS_(F, A0, A1, B0, B1, QI0, BODY)                                           \
+    K_QUAD_(F(A0.x, B0.x), (QI0), BODY)                                                   \
+    K_QUAD_(F(A0.y, B0.y), (QI0) + 1u, BODY)                                              \
+    K_QUAD_(F(A0.z, B0.z), (QI0) + 2u, BODY)                                              \
+    K_QUAD_(F(A0.w, B0.w), (QI0) + 3u, BODY)                                              \
+    K_QUAD_(F(A1.x, B1.x), (QI0) + 4u, BODY)                                              \
+    K_QUAD_(F(A1.y, B1.y), (QI0) + 5u, BODY)                                              \
+    K_QUAD_(F(A1.z, B1.z), (QI0) + 6u, BODY)                                              \
+    K_QUAD_(F(A1.w, B1.w), (QI0) + 7u, BODY)
+
+// Four quads QI0..QI0+3 of BODY, quad k from F(word k of A, word k of B).
+#define K_4QUADS_(F, A, B, QI0, BODY)                                                     \
+    K_QUAD_(F(A.x, B.x), (QI0), BODY)                                                     \
+    K_QUAD_(F(A.y, B.y), (QI0) + 1u, BODY)                                                \
+    K_QUAD_(F(A.z, B.z), (QI0) + 2u, BODY)                                                \
+    K_QUAD_(F(A.w, B.w), (QI0) + 3u, BODY)
+
+// Super-block index of chunk c of row `row`, rows of nchunks chunks.
+#define K_SUPER_(row, nchunks, c) ((row) * ((nchunks) >> 2u) + ((c) >> 2u))
+
+#if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+// Scale and min (6 bits each) of sub-block j (0..7) from the header's three scale words
+// (ggml's get_scale_min_k4; Rust twin gguf::quant::scale_min_k4).
+uvec2 k4_scale_min(uvec3 sc, uint j) {
+    uint s = 8u * (j & 3u);
+    uint a = sc.x >> s;
+    uint b = sc.y >> s;
+    uint c = sc.z >> s;
+    uvec2 lo = uvec2(a & 63u, b & 63u);
+    uvec2 hi = uvec2((c & 15u) | (((a >> 6u) & 3u) << 4u), ((c >> 4u) & 15u) | (((b >> 6u) & 3u) << 4u));
+    return j < 4u ? lo : hi;
+}
+
+// qd, qm of sub-block j: element = d * scale * q - dmin * min.
+#define K4_SCALES_(HD, J)                                                                 \
+    {                                                                                     \
+        uvec2 ksm_ = k4_scale_min(HD.yzw, (J));                                           \
+        vec2 kdm_ = unpackHalf2x16(HD.x);                                                 \
+        qd = kdm_.x * float(ksm_.x);                                                      \
+        qm = -(kdm_.y * float(ksm_.y));                                                   \
+    }
+#endif
+
+#if defined(WTYPE_Q4_K)
+// Chunk s of a super-block is group s: 32 bytes of qs (words 4 + 8s ..), whose low nibbles
+// are sub-block 2s (quads 0..7) and high nibbles sub-block 2s + 1 (quads 8..15).
+// 5 texel fetches per chunk.
+#define QUANT_HAS_MIN true
+#define K4_LO_(Q, U) nibbles(Q, 0u)
+#define K4_HI_(Q, U) nibbles(Q, 4u)
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 36u;                              \
+        uvec4 khd_ = k_load4w(BUF, kw_);                                                  \
+        uvec4 kq0_, kq1_;                                                                 \
+        k_load8w(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_);                                   \
+        float qd, qm;                                                                     \
+        K4_SCALES_(khd_, 2u * ks_)                                                        \
+        K_8QUADS_(K4_LO_, kq0_, kq1_, kq0_, kq1_, 0u, BODY)                               \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, 2u * ks_ + 1u)                                                   \
+        K_8QUADS_(K4_HI_, kq0_, kq1_, kq0_, kq1_, 8u, BODY)                               \
+        BLOCK_END                                                                         \
+    }
+
+#elif defined(WTYPE_Q5_K)
+// As Q4_K (qs at words 12 + 8s ..), the fifth bits in qh (words 4..11): bit 2s of byte l
+// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk.
+#define QUANT_HAS_MIN true
+#define K5_LO_(Q, H) k_bytes((Q & 0x0F0F0F0Fu) | (((H >> khs_) & 0x01010101u) << 4u))
+#define K5_HI_(Q, H) k_bytes(((Q >> 4u) & 0x0F0F0F0Fu) | (((H >> (khs_ + 1u)) & 0x01010101u) << 4u))
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint khs_ = 2u * ks_;                                                             \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 44u;                              \
+        uvec4 khd_, kh0_, kh1_, kq0_, kq1_;                                               \
+        k_load12w(BUF, kw_, khd_, kh0_, kh1_);                                            \
+        k_load8w(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_);                                  \
+        float qd, qm;                                                                     \
+        K4_SCALES_(khd_, khs_)                                                            \
+        K_8QUADS_(K5_LO_, kq0_, kq1_, kh0_, kh1_, 0u, BODY)                               \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, khs_ + 1u)                                                       \
+        K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
+        BLOCK_END                                                                         \
+    }
+
+#elif defined(WTYPE_Q6_K)
+// Chunk s lies in half n = s / 2: ql bytes 64n.. (16 words) give the low (s even) or high
+// nibbles, qh bytes 128 + 32n.. (8 words) bits 4(s & 1) + 0..1 (quads 0..7) and + 2..3
+// (quads 8..15); q - 32 is the 6-bit signed value of q ^ 32. Sub-block i (quads 4i..4i+3)
+// has scale byte i of scale word s (bytes 192 + 4s). 10 texel fetches per chunk.
+#define QUANT_HAS_MIN false
+#define K6_Q_(L, H, HSH) k_signed_top((((L >> kns_) & 0x0F0F0F0Fu) | (((H >> (HSH)) & 0x03030303u) << 4u)) ^ 0x20202020u, 6u)
+#define K6_A_(L, H) K6_Q_(L, H, kns_)
+#define K6_B_(L, H) K6_Q_(L, H, kns_ + 2u)
+// qd of sub-block I: d * scale (2^-26 undoes k_signed_top's placement).
+#define K6_SCALE_(I) qd = kd_ * float(int(ksc_ << (24u - 8u * (I))) >> 24) * (1.0 / 67108864.0);
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kns_ = 4u * (ks_ & 1u);                                                      \
+        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 105u;                        \
+        uvec4 kl0_, kl1_, kl2_, kl3_, kh0_, kh1_, ksw_;                                   \
+        uint kdh_;                                                                        \
+        k_load16h(BUF, kh_ + 32u * (ks_ >> 1u), kl0_, kl1_, kl2_, kl3_);                  \
+        k_load8h(BUF, kh_ + 64u + 16u * (ks_ >> 1u), kh0_, kh1_);                         \
+        k_load4h_tail(BUF, kh_ + 96u, 9u, ksw_, kdh_);                                    \
+        float kd_ = unpackHalf2x16(kdh_).x;                                               \
+        uint ksc_ = word_of(ksw_, ks_);                                                   \
+        float qd;                                                                         \
+        float qm = 0.0;                                                                   \
+        K6_SCALE_(0u)                                                                     \
+        K_4QUADS_(K6_A_, kl0_, kh0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(1u)                                                                     \
+        K_4QUADS_(K6_A_, kl1_, kh1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(2u)                                                                     \
+        K_4QUADS_(K6_B_, kl2_, kh0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(3u)                                                                     \
+        K_4QUADS_(K6_B_, kl3_, kh1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+
+#elif defined(WTYPE_Q3_K)
+// Chunk s lies in half n = s / 2: qs bytes 32 + 32n.. (8 words) shifted by 2j (j = 2(s & 1)
+// for quads 0..7, j + 1 for quads 8..15), the high bit in hmask (words 0..7) bit 2s (quads
+// 0..7) or 2s + 1; q - 4 + 4h is the 3-bit signed value of (q | h << 2) ^ 4. Scale j
+// (0..15) is 6 bits: low 4 from byte j % 8 of the first 8 bytes (high nibble for j >= 8),
+// high 2 from byte 8 + j % 4, shifted by 2(j / 4); minus 32. 8 texel fetches per chunk.
+#define QUANT_HAS_MIN false
+#define K3_Q_(Q, H, QSH, HSH) k_signed_top((((Q >> (QSH)) & 0x03030303u) | (((H >> (HSH)) & 0x01010101u) << 2u)) ^ 0x04040404u, 3u)
+#define K3_A_(Q, H) K3_Q_(Q, H, kqs_, 2u * ks_)
+#define K3_B_(Q, H) K3_Q_(Q, H, kqs_ + 2u, 2u * ks_ + 1u)
+// qd of sub-block I: d * (scale - 32) (2^-29 undoes k_signed_top's placement).
+#define K3_SCALE_(I) qd = kd_ * float(int((ksc_ >> (8u * (I))) & 63u) - 32) * (1.0 / 536870912.0);
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kqs_ = 4u * (ks_ & 1u);                                                      \
+        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 55u;                         \
+        uvec4 km0_, km1_, kq0_, kq1_, ksw_;                                               \
+        uint kdh_;                                                                        \
+        k_load8h(BUF, kh_, km0_, km1_);                                                   \
+        k_load8h(BUF, kh_ + 16u + 16u * (ks_ >> 1u), kq0_, kq1_);                         \
+        k_load4h_tail(BUF, kh_ + 48u, 7u, ksw_, kdh_);                                    \
+        float kd_ = unpackHalf2x16(ksw_.w).x;                                             \
+        uint ksc_ = (((ks_ & 1u) != 0u ? ksw_.y : ksw_.x) >> (4u * (ks_ >> 1u))) & 0x0F0F0F0Fu; \
+        ksc_ |= ((ksw_.z >> (2u * ks_)) & 0x03030303u) << 4u;                             \
+        float qd;                                                                         \
+        float qm = 0.0;                                                                   \
+        K3_SCALE_(0u)                                                                     \
+        K_4QUADS_(K3_A_, kq0_, km0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(1u)                                                                     \
+        K_4QUADS_(K3_A_, kq1_, km1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(2u)                                                                     \
+        K_4QUADS_(K3_B_, kq0_, km0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(3u)                                                                     \
+        K_4QUADS_(K3_B_, kq1_, km1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+
+#elif defined(WTYPE_Q2_K)
+// Chunk s lies in half n = s / 2: qs bytes 16 + 32n.. (words 4 + 8n, 8 words) shifted by
+// 2j (j = 2(s & 1) for quads 0..7, j + 1 for quads 8..15). Sub-block i (quads 4i..4i+3)
+// has scale byte i of word s: d * (b & 15) * q - dmin * (b >> 4). 5 texel fetches.
+#define QUANT_HAS_MIN true
+#define K2_Q_(Q, SH) vec4(float((Q >> (SH)) & 3u), float((Q >> ((SH) + 8u)) & 3u), float((Q >> ((SH) + 16u)) & 3u), float((Q >> ((SH) + 24u)) & 3u))
+#define K2_A_(Q, U) K2_Q_(Q, kqs_)
+#define K2_B_(Q, U) K2_Q_(Q, kqs_ + 2u)
+#define K2_SCALE_(I)                                                                      \
+    {                                                                                     \
+        uint kb_ = ksc_ >> (8u * (I));                                                    \
+        qd = kdm_.x * float(kb_ & 15u);                                                   \
+        qm = -(kdm_.y * float((kb_ >> 4u) & 15u));                                        \
+    }
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kqs_ = 4u * (ks_ & 1u);                                                      \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 21u;                              \
+        uvec4 kq0_, kq1_;                                                                 \
+        k_load8w(BUF, kw_ + 4u + 8u * (ks_ >> 1u), kq0_, kq1_);                           \
+        uint ksc_ = k_word(BUF, kw_ + ks_);                                               \
+        vec2 kdm_ = unpackHalf2x16(k_word(BUF, kw_ + 20u));                               \
+        float qd, qm;                                                                     \
+        K2_SCALE_(0u)                                                                     \
+        K_4QUADS_(K2_A_, kq0_, kq0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(1u)                                                                     \
+        K_4QUADS_(K2_A_, kq1_, kq1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(2u)                                                                     \
+        K_4QUADS_(K2_B_, kq0_, kq0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(3u)                                                                     \
+        K_4QUADS_(K2_B_, kq1_, kq1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+#endif
