@@ -1,5 +1,6 @@
 //! criterion: the decode matvec (`matmul.comp` with the engine's decode shape, one token)
-//! on Q8_0 and Q4_1 weights at the default model's shapes, in GB/s of weight bytes read.
+//! on Q8_0 and Q4_1 weights at the default model's shapes, and on Q8_0 and the K-quants at
+//! shapes whose rows are whole super-blocks, in GB/s of weight bytes read.
 //!
 //! Each iteration submits one pre-recorded command buffer (the dispatch, then a host
 //! barrier) and waits on its fence, so the clock stops only once the GPU is done.
@@ -37,6 +38,26 @@ const SHAPES: [(usize, usize, &str); 5] = [
     (576, 49152, "logits"),
 ];
 
+/// Shapes whose rows are whole K-quant super-blocks (a multiple of 256 columns), where
+/// the K types are compared with Q8_0 at the same shape: SmolLM2's ffn_down, Gemma 3
+/// 270M's ffn_down, and a larger matrix (17.8 MB in Q8_0) that no CPU cache holds.
+const K_SHAPES: [(usize, usize, &str); 3] = [
+    (1536, 576, "down"),
+    (2048, 640, "gemma down"),
+    (2048, 8192, "large"),
+];
+
+/// The types timed at [`SHAPES`] and, with Q8_0 as the yardstick, at [`K_SHAPES`].
+const TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_1];
+const K_TYPES: [GgmlType; 6] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q5_K,
+    GgmlType::Q3_K,
+    GgmlType::Q2_K,
+];
+
 /// Dispatches per submission in the `x16` variants.
 const REPEAT: usize = 16;
 
@@ -59,8 +80,16 @@ impl Rng {
     }
 }
 
-/// `rows × cols` weights of `ty` as raw GGUF blocks: random quants, valid scales.
+/// `rows × cols` weights of `ty` as raw GGUF blocks: random quants, valid scales (the
+/// K-quants: random weights in [-1, 1) through gguf's quantiser, so every header is one
+/// the format can hold).
 fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty.block_size() == gguf::quant::QK_K {
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect();
+        return gguf::quant::quantize(ty, &x).expect("quantize");
+    }
     let n_blocks = rows * cols / ty.block_size();
     let bs = ty.type_size();
     let mut out = vec![0u8; n_blocks * bs];
@@ -118,10 +147,19 @@ fn matvec(c: &mut Criterion) {
     group.sample_size(20);
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
+    let runs = TYPES
+        .iter()
+        .flat_map(|&ty| SHAPES.iter().map(move |&s| (ty, s)))
+        .chain(
+            K_SHAPES
+                .iter()
+                .flat_map(|&s| K_TYPES.iter().map(move |&ty| (ty, s)))
+                .filter(|(ty, s)| !(TYPES.contains(ty) && SHAPES.contains(s))),
+        );
+    for (ty, (cols, rows, what)) in runs {
         let format = kernels::weight_texel_format(ty);
         let dummy_w = BufferView::new(&ctx, dummy.binding(), format).expect("view");
-        for &(cols, rows, what) in &SHAPES {
+        {
             let w = random_blocks(ty, rows, cols, &mut rng);
             let x: Vec<f32> = (0..cols)
                 .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
