@@ -18,10 +18,13 @@ struct Variant {
 }
 
 /// The weight types the matmul and embedding kernels read: variant name and define.
-const WEIGHT_TYPES: [(&str, &str); 5] = [
+const WEIGHT_TYPES: [(&str, &str); 8] = [
     ("q8_0", "WTYPE_Q8_0"),
     ("q4_0", "WTYPE_Q4_0"),
     ("q4_1", "WTYPE_Q4_1"),
+    ("q5_0", "WTYPE_Q5_0"),
+    ("q5_1", "WTYPE_Q5_1"),
+    ("bf16", "WTYPE_BF16"),
     ("f16", "WTYPE_F16"),
     ("f32", "WTYPE_F32"),
 ];

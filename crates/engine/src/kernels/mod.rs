@@ -55,17 +55,29 @@ pub const STEP_TOKENS_OFFSET: u64 = 16 + 4 * STEP_FREQS_MAX as u64;
 pub fn supported_weight_type(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::F16 | GgmlType::F32
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::BF16
+            | GgmlType::F16
+            | GgmlType::F32
     )
 }
 
 /// The texel format weights of `ty` are bound with (the `W_TEXEL_WORDS` of
-/// `shaders/include/quant.glsl`): Q8_0, Q4_0 and Q4_1 chunks (17, 9 and 10 words) are
-/// read as 16-byte texels and realigned in registers, 2.5-3.4x fewer fetches; F16 and
-/// F32 word by word.
+/// `shaders/include/quant.glsl`): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and BF16 chunks (17, 9,
+/// 10, 11, 12 and 32 words) are read as 16-byte texels and realigned in registers,
+/// 2.5-3.6x fewer fetches; F16 and F32 word by word.
 pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => vk::TexelFormat::Rgba32Uint,
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::BF16 => vk::TexelFormat::Rgba32Uint,
         _ => vk::TexelFormat::R32Uint,
     }
 }
