@@ -1,5 +1,6 @@
 //! `vkdecode inspect`: a GGUF file's hyper-parameters, tokenizer, tensors and totals, as
-//! text or (`--json`) one JSON object.
+//! text or (`--json`) one JSON object. Each tensor says whether the GPU path reads it
+//! (the engine's own rule, `engine::support::tensor_support`: its type and row length).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -65,6 +66,11 @@ pub struct TensorRow {
     /// Absolute offset of the data in the file.
     pub offset: u64,
     pub bytes: u64,
+    /// Whether the GPU kernels read this tensor (type and row length).
+    pub gpu: bool,
+    /// Why not, when they do not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_why: Option<String>,
 }
 
 /// Tensors of one type, summed.
@@ -212,12 +218,15 @@ pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
             tot.count += 1;
             tot.elements += t.n_elements();
             tot.bytes += t.n_bytes();
+            let gpu = engine::support::tensor_support(t);
             TensorRow {
                 name: t.name.clone(),
                 ty: t.ty.name().to_string(),
                 shape: t.shape.clone(),
                 offset: g.tensor_range(t).start,
                 bytes: t.n_bytes(),
+                gpu: gpu.is_ok(),
+                gpu_why: gpu.err(),
             }
         })
         .collect();
@@ -303,7 +312,7 @@ fn print_text(r: &Report) {
         .unwrap_or(4)
         .max(4);
     outln!(
-        "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
+        "  {:<width$}  {:<6} {:<20} {:>12} {:>12}  gpu",
         "name",
         "type",
         "shape",
@@ -317,8 +326,12 @@ fn print_text(r: &Report) {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(" x ");
+        let gpu = match &t.gpu_why {
+            None => "yes".to_string(),
+            Some(why) => format!("no: {why}"),
+        };
         outln!(
-            "  {:<width$}  {:<6} {:<20} {:>12} {:>12}",
+            "  {:<width$}  {:<6} {:<20} {:>12} {:>12}  {gpu}",
             t.name,
             t.ty,
             shape,

@@ -28,6 +28,7 @@ pub mod profile;
 pub mod sampling;
 pub mod session;
 mod step;
+pub mod support;
 mod views;
 pub use generate::{
     Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,

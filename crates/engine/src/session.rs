@@ -111,6 +111,8 @@ impl Session {
             ));
         }
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
+        // a tensor the kernels cannot read is refused before the first allocation
+        crate::support::check_gpu_readable(&cfg, file.gguf())?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;

@@ -1,5 +1,7 @@
 //! Building the forward pass a generation runs on: the backend switch, the context
-//! sizing (see [`super::fit`]) and what the start cost.
+//! sizing (see [`super::fit`]) and what the start cost. A file with a tensor the GPU
+//! kernels cannot read is refused before anything is allocated
+//! ([`crate::support::check_gpu_readable`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -106,6 +108,9 @@ pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, Ge
             Box::new(ReferenceForward::new(model, choice.ctx_len)?)
         }
         BackendKind::Vulkan => {
+            // before the device is even opened: a file the kernels cannot read is
+            // refused naming the tensor and its type (Session::new checks it too)
+            crate::support::check_gpu_readable(&cfg, file.gguf())?;
             let ctx = vk::Context::new(&vk::ContextOptions {
                 device_index: opts.device,
                 ..Default::default()

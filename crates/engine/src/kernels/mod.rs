@@ -58,6 +58,9 @@ pub fn supported_weight_type(ty: GgmlType) -> bool {
         GgmlType::Q8_0
             | GgmlType::Q4_0
             | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::BF16
             | GgmlType::F16
             | GgmlType::F32
             | GgmlType::Q4_K
@@ -91,13 +94,18 @@ pub fn is_k_quant(ty: GgmlType) -> bool {
 pub const K_SUPER_BLOCK: usize = 256;
 
 /// The texel format weights of `ty` are bound with (`shaders/include/quant.glsl`): the
-/// block types are read as 16-byte texels and realigned in registers (Q8_0, Q4_0 and
-/// Q4_1 chunks of 17, 9 and 10 words: 2.5-3.4x fewer fetches than word by word; the
-/// K-quants' runs of 4 to 16 words likewise, `include/quant_k.glsl`); F16 and F32 word
-/// by word.
+/// block types are read as 16-byte texels and realigned in registers (Q8_0, Q4_0, Q4_1,
+/// Q5_0, Q5_1 and BF16 chunks of 17, 9, 10, 11, 12 and 32 words: 2.5-3.6x fewer fetches
+/// than word by word; the K-quants' runs of 4 to 16 words likewise,
+/// `include/quant_k.glsl`); F16 and F32 word by word.
 pub fn weight_texel_format(ty: GgmlType) -> vk::TexelFormat {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => vk::TexelFormat::Rgba32Uint,
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::BF16 => vk::TexelFormat::Rgba32Uint,
         ty if is_k_quant(ty) => vk::TexelFormat::Rgba32Uint,
         _ => vk::TexelFormat::R32Uint,
     }
