@@ -692,6 +692,7 @@ fn embedding_gather_matches_reference_for_every_type() {
             g_ofs: 8,
             part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
             wofs: [0, 4, 0, 0],
+            scale: 1.0,
         };
         run(
             &ctx,
@@ -772,6 +773,7 @@ fn attention_matches_reference() {
             n_kv_heads: n_kv as u32,
             head_dim: hd as u32,
             scale: 1.0 / (hd as f32).sqrt(),
+            window: 0,
         };
         run(
             &ctx,
