@@ -866,13 +866,13 @@ fn every_matmul_variant_builds() {
             (InMode::Plain, OutMode::Add),
             (InMode::RmsNorm, OutMode::Glu),
             (InMode::RmsNorm, OutMode::Store),
+            (InMode::Plain, OutMode::Store),
+            (InMode::RmsNorm, OutMode::GeGlu),
         ] {
             let mut keys = Vec::new();
             for tb in kernels::MATMUL_TB {
-                // the logits read one token: decode shape only
-                if out_mode != OutMode::Store || tb == 1 {
-                    keys.push(key(ty, in_mode, out_mode, false, tb));
-                }
+                // (rmsnorm, store) at TB 4: a plain q/k/v in prefill (graph.rs)
+                keys.push(key(ty, in_mode, out_mode, false, tb));
             }
             for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                 keys.push(MatmulKey {
