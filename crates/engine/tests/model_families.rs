@@ -58,6 +58,38 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// `bytes` with extra metadata (the tensors copied as they are).
+fn with_metadata(bytes: &[u8], extra: &[(&str, gguf::Value)]) -> Vec<u8> {
+    let g = gguf::Gguf::parse(bytes).unwrap();
+    let mut w = gguf::GgufWriter::new(32);
+    for (k, v) in g
+        .metadata
+        .iter()
+        .cloned()
+        .chain(extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
+    {
+        w.add_metadata(k, v);
+    }
+    for t in &g.tensors {
+        let data = g.tensor_data(bytes, t).to_vec();
+        w.add_tensor(t.name.clone(), t.ty, &t.shape, data).unwrap();
+    }
+    w.to_bytes()
+}
+
+/// Llama 3's divisors and linear RoPE scaling (factor 4) together: both folded into the
+/// fused epilogue's frequency table.
+fn tiny_llama3_linear() -> Vec<u8> {
+    let extra = [
+        (
+            "llama.rope.scaling.type",
+            gguf::Value::String("linear".into()),
+        ),
+        ("llama.rope.scaling.factor", gguf::Value::F32(4.0)),
+    ];
+    with_metadata(&tiny_llama3(27, GgmlType::Q8_0), &extra)
+}
+
 /// The models under test: (name, GGUF bytes).
 fn models() -> Vec<(&'static str, Vec<u8>)> {
     vec![
@@ -66,6 +98,7 @@ fn models() -> Vec<(&'static str, Vec<u8>)> {
         // a window of 4 positions: the sliding-window layers drop positions from the 5th on
         ("gemma3", tiny_gemma3(23, GgmlType::Q8_0, 4)),
         ("llama3-rope-freqs", tiny_llama3(24, GgmlType::Q8_0)),
+        ("llama3-linear-scaling", tiny_llama3_linear()),
         // the same family in a second weight type
         ("gemma3-q4_1", tiny_gemma3(25, GgmlType::Q4_1, 3)),
     ]
@@ -80,6 +113,9 @@ fn families_layers_and_logits_match_reference() {
     for (name, bytes) in models() {
         let path = write_temp(name, &bytes);
         let model = Model::from_bytes(&bytes).unwrap();
+        if name == "llama3-linear-scaling" {
+            assert_eq!(model.config().rope_scale, 0.25, "the scaling is read");
+        }
         let mut s = open(&ctx, &path).unwrap();
 
         let mut state = State::new(model.config(), CTX);
