@@ -1,8 +1,9 @@
 #version 450
 // Causal attention of a batch of tokens over the KV cache, with grouped-query heads.
-// CPU twin: reference::kernels::attention (softmax(q·K^T / sqrt(head_dim)) · V).
+// CPU twin: reference::kernels::attention_ext (softmax(q·K^T · scale) · V).
 // One workgroup per (head, token); token t sits at position pos0 + t and attends to
-// positions 0..=pos0+t, whose keys and values are already in the caches.
+// positions first..=pos0+t, whose keys and values are already in the caches: first is 0,
+// or pos0 + t - window + 1 for a sliding-window layer (gemma3's local layers).
 //
 // Each lane takes every gl_WorkGroupSize.x-th position and keeps a running softmax of its
 // own (maximum, sum of weights, weighted sum of values), rescaled whenever its maximum
@@ -23,12 +24,13 @@ layout(set = 0, binding = 2) uniform samplerBuffer vc4;                       //
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float outv[]; }; // [n_tok][n_heads*head_dim]
 STEP_BUFFER(4)
 
-// Rust twin: engine::kernels::AttentionPush (16 bytes).
+// Rust twin: engine::kernels::AttentionPush (20 bytes).
 layout(push_constant) uniform Push {
     uint n_heads;
     uint n_kv_heads;
     uint head_dim;  // 4 * HQ
-    float scale;    // 1 / sqrt(head_dim)
+    float scale;    // the score scale (1 / sqrt(head_dim) unless the model says otherwise)
+    uint window;    // positions a query sees, itself included (0: all)
 } pc;
 
 // Each lane's running maximum, sum of weights and weighted sum of values.
@@ -44,6 +46,7 @@ void main() {
     uint kv_q = pc.n_kv_heads * HQ;  // quads per cache position
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint n_pos = step_pos0 + t + 1u;
+    uint first = (pc.window != 0u && n_pos > pc.window) ? n_pos - pc.window : 0u;
     uint qo = (t * pc.n_heads + h) * HQ;
 
     // q, pre-scaled (the loops below have constant trip counts, so these stay registers)
@@ -58,7 +61,7 @@ void main() {
     for (uint j = 0u; j < HQ; j++) {
         o[j] = vec4(0.0);
     }
-    for (uint p = l; p < n_pos; p += wg) {
+    for (uint p = first + l; p < n_pos; p += wg) {
         int ko = int(p * kv_q + kvh * HQ);
         float s = 0.0;
         for (uint j = 0u; j < HQ; j++) {

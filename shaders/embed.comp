@@ -1,5 +1,6 @@
 #version 450
-// X[t] = row step_tokens[t] of the embedding table, dequantised in registers, and
+// X[t] = row step_tokens[t] of the embedding table, dequantised in registers and scaled
+// (gemma3: by sqrt(dim); 1 otherwise), and
 // XG[t] = X[t] ∘ g, the first layer's rmsnorm input (see matmul.comp).
 // CPU twin: reference::kernels::embedding_row. One invocation per 64-element chunk.
 // A table larger than one binding comes as up to three row-range parts (bindings 0..2).
@@ -20,7 +21,7 @@ STEP_BUFFER(4)
 layout(std430, set = 0, binding = 5) writeonly buffer XG { vec4 xg4[]; };
 layout(std430, set = 0, binding = 6) readonly buffer G { float g[]; };
 
-// Rust twin: engine::kernels::EmbedPush (48 bytes).
+// Rust twin: engine::kernels::EmbedPush (52 bytes).
 layout(push_constant) uniform Push {
     uint ncols;       // row length, a multiple of 64
     uint out_ld;      // floats between token rows of X
@@ -28,14 +29,16 @@ layout(push_constant) uniform Push {
     uint g_ofs;       // float offset of g inside its binding
     uvec4 part_end;   // rows [part_end[v-1], part_end[v]) live in binding v
     uvec4 wofs;       // word offset of part v's first row inside binding v
+    float scale;      // the embedding scale (Config::embd_scale)
 } pc;
 
 // Writes the dequantised quad qi of the chunk to X and XG.
 #define EMIT(v, qi)                                                                       \
     {                                                                                     \
-        x4[o + qi] = v;                                                                   \
+        vec4 s_ = (v) * pc.scale;                                                         \
+        x4[o + qi] = s_;                                                                  \
         uint e_ = pc.g_ofs + 64u * c + 4u * qi;                                           \
-        xg4[o + qi] = v * vec4(g[e_], g[e_ + 1u], g[e_ + 2u], g[e_ + 3u]);                \
+        xg4[o + qi] = s_ * vec4(g[e_], g[e_ + 1u], g[e_ + 2u], g[e_ + 3u]);                \
     }
 
 void main() {

@@ -35,15 +35,19 @@ const WEIGHT_TYPES: &[(&str, &str)] = &[
 ];
 
 /// The fused matmul steps of the forward pass (engine::kernels::Epilogue): name, defines.
-const EPILOGUES: [(&str, &[&str]); 4] = [
+const EPILOGUES: [(&str, &[&str]); 6] = [
     // q/k/v: rmsnorm in, rope + KV-cache write out
     ("qkv", &["IN_RMSNORM", "OUT_MODE=2"]),
     // attn_output, ffn_down: residual add (and the next norm's input)
     ("add", &["OUT_MODE=1"]),
     // gate/up: rmsnorm in, SwiGLU out
     ("glu", &["IN_RMSNORM", "OUT_MODE=3"]),
-    // the logits: rmsnorm in, stored (one token: decode shape only)
+    // the logits, and a plain q/k/v before heads.comp: rmsnorm in, stored
     ("logits", &["IN_RMSNORM", "OUT_MODE=0"]),
+    // attn_output, ffn_down of post-norm families (gemma3): stored for post_norm.comp
+    ("store", &["OUT_MODE=0"]),
+    // gate/up of gemma3: rmsnorm in, GELU(tanh)-gated out
+    ("geglu", &["IN_RMSNORM", "OUT_MODE=3", "ACT_GELU"]),
 ];
 
 /// Tokens per invocation of the row-per-lane matmul: decode (1) and prefill (4).
@@ -71,9 +75,6 @@ fn variants(stem: &str) -> Vec<Variant> {
             for &(ty, def) in WEIGHT_TYPES {
                 for tb in MATMUL_TB {
                     for (epi, defs) in EPILOGUES {
-                        if epi == "logits" && tb != 1 {
-                            continue;
-                        }
                         let tbdef = format!("TB={tb}");
                         let mut flags = vec![def, tbdef.as_str()];
                         flags.extend_from_slice(defs);

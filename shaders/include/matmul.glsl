@@ -10,6 +10,7 @@
 //   TB           tokens per invocation (1 or 4; the column split takes 1)
 //   IN_RMSNORM   X = x∘g; the sums are scaled by 1/rms of the raw residual XR
 //   OUT_MODE     OUT_STORE, OUT_ADD, OUT_QKV or OUT_GLU (below)
+//   ACT_GELU     OUT_GLU gates with gelu_tanh (gemma3) instead of silu (act.glsl)
 // Every view is read through w0 at its own word offset (gate/up: w0 and w1): lavapipe
 // runs both sides of every branch, masked, so a per-view branch would fetch every view's
 // weights in every workgroup; q, k and v come in one texel view spanning them, or a
@@ -19,7 +20,8 @@
 // push-constant flag read in the epilogue only.
 //
 // A pair is two output rows computed together:
-//   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view;
+//   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view (OUT_STORE of several views, e.g. a
+//   plain q/k/v: each view's orow places its rows after the previous view's in out0);
 //   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
 //   owns workgroups, each reading up at the same rows.
@@ -203,7 +205,11 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
             if (pc.write_xg != 0u) out1[o + gb] = xb * aux[pc.aux_ofs + gb];
         }
 #elif OUT_MODE == OUT_GLU
+#if defined(ACT_GELU)
+        out0[o + ga] = geglu(a, b);
+#else
         out0[o + ga] = swiglu(a, b);
+#endif
 #else  // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
         uint hd = ga % pc.head_dim;
         uint fi = pc.rope_neox != 0u ? hd : hd / 2u;

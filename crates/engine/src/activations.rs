@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arch::Config;
 use vk::{Buffer, BufferDesc, MemLocation};
 
+use crate::graph::GraphShape;
 use crate::kernels;
 use crate::EngineError;
 
@@ -24,6 +25,15 @@ pub struct Activations {
     pub att_out: Buffer,
     /// [B][hidden_dim] silu(gate)·up (input of ffn_down)
     pub hb: Buffer,
+    /// [B][(n_heads + 2·n_kv_heads)·head_dim] q, k, v before heads.comp (16 bytes when
+    /// the q/k/v epilogue is fused: [`GraphShape::fused_qkv`])
+    pub qkv: Buffer,
+    /// [B][dim] an attention or FFN output before post_norm.comp (16 bytes without
+    /// post-norms)
+    pub y: Buffer,
+    /// [2][128] f32 the RoPE frequency tables of heads.comp (global, sliding-window
+    /// layers: `graph::rope_tables`), written at load
+    pub rope: Buffer,
     /// per layer: [C][kv_dim] keys after rope
     pub key_cache: Vec<Buffer>,
     /// per layer: [C][kv_dim] values
@@ -52,6 +62,10 @@ pub struct ActivationSizes {
     /// Each of q, att_out.
     pub q: u64,
     pub hb: u64,
+    /// The q/k/v scratch row (16 when fused).
+    pub qkv: u64,
+    /// The block-output scratch row (16 without post-norms).
+    pub y: u64,
     /// Each cache of each layer.
     pub kv: u64,
     pub logits: u64,
@@ -84,6 +98,16 @@ impl ActivationSizes {
         let x = mul("x", &[b, cfg.dim as u64, f])?;
         let q = mul("q", &[b, q_dim, f])?;
         let hb = mul("hb", &[b, cfg.hidden_dim as u64, f])?;
+        let shape = GraphShape::of(cfg);
+        let qkv = if shape.fused_qkv {
+            16
+        } else {
+            let heads = (cfg.n_heads as u64)
+                .checked_add(2 * cfg.n_kv_heads as u64)
+                .ok_or_else(|| too_large("the q/k/v row"))?;
+            mul("the q/k/v row", &[b, heads, cfg.head_dim as u64, f])?
+        };
+        let y = if shape.post_norms { x } else { 16 };
         let kv = mul("the KV cache", &[ctx_len as u64, kv_dim, f])?;
         let logits = mul("the logits", &[cfg.vocab_size as u64, f])?;
         let step = kernels::STEP_TOKENS_OFFSET
@@ -94,14 +118,28 @@ impl ActivationSizes {
             &[cfg.n_layers as u64, b, cfg.dim as u64, f],
         )?;
         let caches = mul("the KV cache", &[kv, 2, cfg.n_layers as u64])?;
-        let total = [2 * x, 2 * q, hb, caches, logits, step, layer_dump]
-            .iter()
-            .try_fold(0u64, |a, &v| a.checked_add(v))
-            .ok_or_else(|| too_large("the activations"))?;
+        let rope = 2 * kernels::STEP_FREQS_MAX as u64 * f;
+        let total = [
+            2 * x,
+            2 * q,
+            hb,
+            qkv,
+            y,
+            rope,
+            caches,
+            logits,
+            step,
+            layer_dump,
+        ]
+        .iter()
+        .try_fold(0u64, |a, &v| a.checked_add(v))
+        .ok_or_else(|| too_large("the activations"))?;
         Ok(ActivationSizes {
             x,
             q,
             hb,
+            qkv,
+            y,
             kv,
             logits,
             step,
@@ -138,6 +176,13 @@ impl Activations {
             q: buf("q", sz.q, MemLocation::GpuOnly)?,
             att_out: buf("att_out", sz.q, MemLocation::GpuOnly)?,
             hb: buf("hb", sz.hb, MemLocation::GpuOnly)?,
+            qkv: buf("qkv", sz.qkv, MemLocation::GpuOnly)?,
+            y: buf("y", sz.y, MemLocation::GpuOnly)?,
+            rope: buf(
+                "rope",
+                2 * kernels::STEP_FREQS_MAX as u64 * 4,
+                MemLocation::CpuToGpu,
+            )?,
             key_cache,
             value_cache,
             logits: buf("logits", sz.logits, MemLocation::GpuToCpu)?,
@@ -152,6 +197,6 @@ impl Activations {
 
     /// Buffers allocated.
     pub fn count(&self) -> u64 {
-        12 + 2 * self.key_cache.len() as u64
+        15 + 2 * self.key_cache.len() as u64
     }
 }

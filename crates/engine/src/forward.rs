@@ -1,6 +1,8 @@
 //! Recording the forward pass into a command buffer. Reads top to bottom, as llama2.c's
-//! `forward()`: embedding → per layer (qkv, attention, output + residual, gate/up,
-//! down + residual) → logits (final norm folded in) → argmax. One global barrier between
+//! `forward()`: embedding → per layer (qkv [, heads], attention, output + residual
+//! [post-norm], gate/up, down + residual [post-norm]) → logits (final norm folded in)
+//! [→ softcap] → argmax. The bracketed steps exist for the families that need them
+//! (`graph.rs`). One global barrier between
 //! dependent dispatches; no host wait anywhere in here. What each step reads and writes
 //! is in `step.rs`, built once at load (model.rs binds it; forward depends on model, model
 //! on step, never the other way).
@@ -12,8 +14,8 @@ mod bounds;
 use bounds::{check_fits, missing};
 
 use crate::activations::Activations;
-use crate::kernels::{self, AttentionPush, MatmulPush};
-use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
+use crate::kernels::{self, MatmulPush};
+use crate::model::{matmul_key, Batch, GpuModel, HeadsCall, MatmulCall, PostNormCall};
 use crate::profile;
 use crate::EngineError;
 use arch::Config;
@@ -93,13 +95,12 @@ impl Recorder<'_> {
         let layer = &model.layers[l];
         // q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] = Wv·rmsnorm(x)
         self.matmuls(&layer.qkv)?;
-        // att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos
-        let push = AttentionPush {
-            n_heads: self.cfg.n_heads as u32,
-            n_kv_heads: self.cfg.n_kv_heads as u32,
-            head_dim: self.cfg.head_dim as u32,
-            scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
-        };
+        // (plain q/k/v) + biases, per-head norms, rope, cache writes
+        if let Some(h) = &layer.heads {
+            self.heads(l, h)?;
+        }
+        // att_out = softmax(q·K^T·scale)·V over the layer's window of positions ..=pos
+        let push = layer.attention_push;
         let attention = self
             .kernels
             .attention_ref(push.head_dim)
@@ -113,12 +114,68 @@ impl Recorder<'_> {
             [self.cfg.n_heads as u32, self.n_tok, 1],
         );
         self.after_named(|| format!("blk.{l}.attention"));
-        // x += Wo·att_out
+        // x += Wo·att_out (post-norm families: y = Wo·att_out; x += rmsnorm(y)∘w)
         self.matmuls(&layer.attn_output)?;
-        // hb = silu(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x))
+        if let Some(p) = &layer.post_attn {
+            self.post_norm(p, || format!("blk.{l}.post_attention_norm"))?;
+        }
+        // hb = act(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x))
         self.matmuls(&layer.gate_up)?;
-        // x += Wdown·hb
+        // x += Wdown·hb (post-norm families: y = Wdown·hb; x += rmsnorm(y)∘w)
         self.matmuls(&layer.ffn_down)?;
+        if let Some(p) = &layer.post_ffn {
+            self.post_norm(p, || format!("blk.{l}.post_ffw_norm"))?;
+        }
+        Ok(())
+    }
+
+    /// heads.comp: every (head, token) of the plain q/k/v row to q and the caches.
+    fn heads(&mut self, l: usize, h: &HeadsCall) -> Result<(), EngineError> {
+        let p = self.kernels.heads_ref().ok_or_else(|| missing("heads"))?;
+        let push = h.push;
+        let f = 4u64;
+        let need_q = u64::from(self.n_tok) * u64::from(push.q_ld) * f;
+        check_fits("heads", "q", need_q, self.acts.q.size())?;
+        let need_kv = self.ctx_len as u64 * u64::from(push.kv_ld) * f;
+        check_fits("heads", "k_cache", need_kv, self.acts.key_cache[l].size())?;
+        check_fits("heads", "v_cache", need_kv, self.acts.value_cache[l].size())?;
+        let need_in = u64::from(self.n_tok) * u64::from(push.qkv_ld) * f;
+        check_fits("heads", "qkv", need_in, self.acts.qkv.size())?;
+        self.cmd.dispatch(
+            p,
+            &h.set,
+            bytemuck::bytes_of(&push),
+            kernels::heads_groups(&push, self.n_tok),
+        );
+        self.after_named(|| format!("blk.{l}.heads"));
+        Ok(())
+    }
+
+    /// post_norm.comp: x += rmsnorm(y)∘w; xg = x∘g, one workgroup per token.
+    fn post_norm(
+        &mut self,
+        call: &PostNormCall,
+        name: impl FnOnce() -> String,
+    ) -> Result<(), EngineError> {
+        let p = self
+            .kernels
+            .post_norm_ref()
+            .ok_or_else(|| missing("post_norm"))?;
+        let need = u64::from(self.n_tok) * u64::from(call.push.dim) * 4;
+        for (what, have) in [
+            ("x", self.acts.x.size()),
+            ("xg", self.acts.xg.size()),
+            ("y", self.acts.y.size()),
+        ] {
+            check_fits("post_norm", what, need, have)?;
+        }
+        self.cmd.dispatch(
+            p,
+            &call.set,
+            bytemuck::bytes_of(&call.push),
+            [self.n_tok, 1, 1],
+        );
+        self.after_named(name);
         Ok(())
     }
 
@@ -126,6 +183,18 @@ impl Recorder<'_> {
     pub fn logits_argmax(&mut self) -> Result<(), EngineError> {
         let model = self.model;
         self.matmuls(&model.logits)?;
+        if let Some(c) = &model.softcap {
+            let p = self
+                .kernels
+                .softcap_ref()
+                .ok_or_else(|| missing("softcap"))?;
+            let need = u64::from(c.push.n) * 4;
+            check_fits("softcap", "logits", need, self.acts.logits.size())?;
+            let groups = c.push.n.div_ceil(kernels::SOFTCAP_WG);
+            self.cmd
+                .dispatch(p, &c.set, bytemuck::bytes_of(&c.push), [groups, 1, 1]);
+            self.after("softcap");
+        }
         let push = kernels::ArgmaxPush {
             n: self.cfg.vocab_size as u32,
         };

@@ -21,6 +21,7 @@ pub use residency::{
 pub mod activations;
 pub mod forward;
 pub mod generate;
+pub mod graph;
 pub mod kernels;
 pub mod model;
 pub mod pagecache;

@@ -10,16 +10,28 @@
 //! 5. `ffn_down`: x += Wdown · hb.
 //!
 //! plus the embedding gather first, and the logits (output_norm folded in) and argmax last.
+//!
+//! The other families (qwen2, qwen3, gemma3; `graph.rs`) keep this shape and add steps of
+//! their own (`families.rs`): a plain q/k/v matmul followed by `heads.comp` (biases, Q/K
+//! norms, the layer's RoPE, the cache writes); for post-norm families, output matmuls that
+//! store and `post_norm.comp` for the residual adds; GELU gating as a gate/up epilogue;
+//! `softcap.comp` after the logits.
 
-use arch::{Arch, Config, RopeMode};
+mod embed;
+mod families;
+
+pub use families::{HeadsCall, PostNormCall, SoftcapCall};
+
+use arch::{Config, RopeMode};
 use gguf::GgmlType;
 use std::sync::Arc;
 
 use vk::{BufferBinding, BufferView, DescriptorSet};
 
 use crate::activations::Activations;
+use crate::graph::GraphShape;
 use crate::kernels::{
-    self, ArgmaxBindings, EmbedBindings, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
+    self, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
     CHUNK,
 };
 use crate::residency::{TensorView, ViewPart, Weights};
@@ -93,10 +105,19 @@ pub struct MatmulCall {
 /// The dispatches of one decoder layer.
 pub struct LayerCalls {
     pub qkv: Vec<MatmulCall>,
+    /// After a plain q/k/v matmul: biases, Q/K norms, rope, cache writes (`None`: fused
+    /// into qkv's epilogue).
+    pub heads: Option<HeadsCall>,
     pub attention: DescriptorSet,
+    /// The layer's heads, score scale and window.
+    pub attention_push: AttentionPush,
     pub attn_output: Vec<MatmulCall>,
+    /// x += rmsnorm(attn_output)∘post_attention_norm (`None`: added in its epilogue).
+    pub post_attn: Option<PostNormCall>,
     pub gate_up: Vec<MatmulCall>,
     pub ffn_down: Vec<MatmulCall>,
+    /// x += rmsnorm(ffn_down)∘post_ffw_norm (`None`: added in its epilogue).
+    pub post_ffn: Option<PostNormCall>,
 }
 
 /// The embedding gather.
@@ -113,6 +134,8 @@ pub struct GpuModel {
     pub embed: EmbedCall,
     pub layers: Vec<LayerCalls>,
     pub logits: Vec<MatmulCall>,
+    /// logits = cap·tanh(logits/cap), when the model caps them.
+    pub softcap: Option<SoftcapCall>,
     pub argmax: DescriptorSet,
     /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
     pub neox: bool,
@@ -246,17 +269,7 @@ impl GpuModel {
         acts: &Activations,
         kernels: &mut Kernels,
     ) -> Result<GpuModel, EngineError> {
-        if cfg.arch != Arch::Llama && cfg.arch != Arch::Qwen2 {
-            return Err(EngineError::Unsupported(format!(
-                "architecture {}",
-                cfg.arch.name()
-            )));
-        }
-        if cfg.arch == Arch::Qwen2 {
-            return Err(EngineError::Unsupported(
-                "architecture qwen2 (q/k/v biases) on the GPU: only llama is wired so far".into(),
-            ));
-        }
+        let shape = GraphShape::of(cfg);
         let neox = cfg.rope_mode == RopeMode::Neox;
         let hd = cfg.head_dim;
         if !hd.is_multiple_of(4)
@@ -271,9 +284,15 @@ impl GpuModel {
                 2 * kernels::STEP_FREQS_MAX
             )));
         }
-        if neox && !hd.is_multiple_of(16) {
+        if shape.fused_qkv && neox && !hd.is_multiple_of(16) {
             return Err(EngineError::Unsupported(format!(
-                "neox rope with head_dim {hd} (a multiple of 16 is needed)"
+                "neox rope fused into the q/k/v matmul with head_dim {hd} (a multiple of 16 is needed)"
+            )));
+        }
+        if !cfg.attn_scale.is_finite() || cfg.attn_scale <= 0.0 {
+            return Err(EngineError::Unsupported(format!(
+                "attention score scale {}",
+                cfg.attn_scale
             )));
         }
         if cfg.vocab_size as u64 >= u64::from(kernels::ARGMAX_NON_FINITE) {
@@ -287,6 +306,7 @@ impl GpuModel {
         let d = Dims {
             dim,
             q_dim,
+            qkv: q_dim + 2 * kv_dim,
             hidden,
             vocab: cfg.vocab_size,
         };
@@ -296,7 +316,7 @@ impl GpuModel {
 
         let embed_view = matrix(weights, "token_embd.weight", cfg.vocab_size, dim)?;
         let first_norm = vector(weights, "blk.0.attn_norm.weight", dim)?;
-        let embed = embed_call(embed_view, first_norm, acts, kernels, &mut views, dim)?;
+        let embed = embed::embed_call(embed_view, first_norm, acts, kernels, &mut views, cfg)?;
 
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -316,6 +336,7 @@ impl GpuModel {
                 vector(weights, "output_norm.weight", dim)?
             };
             let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
+            let (biases, qk_norms, post_norms) = families::layer_vectors(weights, cfg, l)?;
 
             let lw = LayerWeights {
                 qkv: [q, k, v],
@@ -324,26 +345,65 @@ impl GpuModel {
                 down,
                 ffn_norm,
                 next_norm,
+                biases,
+                qk_norms,
+                post_norms,
             };
             let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
             let attention = kernels
                 .attention(head_dim)?
                 .descriptor_set_with(&step::attention(&views, &kc4, &vc4, acts).descriptors())?;
+            let attention_push = families::attention_push(cfg, l)?;
             let io = Io {
                 a: acts,
                 v: &views,
                 d: &d,
             };
-            let (qkv, attn_output) = (step::qkv(l, &lw, &io), step::attn_output(l, &lw, &io));
-            let (gate_up, ffn_down) = (step::gate_up(l, &lw, &io), step::ffn_down(l, &lw, &io));
+            let (qkv, heads) = if shape.fused_qkv {
+                (step::qkv(l, &lw, &io), None)
+            } else {
+                let h = families::heads_call(l, cfg, &lw, acts, kernels)?;
+                (step::qkv_plain(l, &lw, &io), Some(h))
+            };
+            let (attn_output, ffn_down, post_attn, post_ffn) = match &lw.post_norms {
+                Some([pa, pf]) => (
+                    step::attn_output_store(l, &lw, &io),
+                    step::ffn_down_store(l, &lw, &io),
+                    Some(families::post_norm_call(
+                        cfg,
+                        pa,
+                        &lw.ffn_norm,
+                        acts,
+                        kernels,
+                    )?),
+                    Some(families::post_norm_call(
+                        cfg,
+                        pf,
+                        &lw.next_norm,
+                        acts,
+                        kernels,
+                    )?),
+                ),
+                None => (
+                    step::attn_output(l, &lw, &io),
+                    step::ffn_down(l, &lw, &io),
+                    None,
+                    None,
+                ),
+            };
+            let gate_up = step::gate_up(l, &lw, &io, shape.gelu);
             let mut build =
                 |s: MatmulSpec| matmul_calls(s, &dummy, acts, kernels, &mut views, neox, head_dim);
             layers.push(LayerCalls {
                 qkv: build(qkv)?,
+                heads,
                 attention,
+                attention_push,
                 attn_output: build(attn_output)?,
+                post_attn,
                 gate_up: build(gate_up)?,
                 ffn_down: build(ffn_down)?,
+                post_ffn,
             });
         }
 
@@ -369,6 +429,7 @@ impl GpuModel {
             neox,
             head_dim,
         )?;
+        let softcap = families::softcap_call(cfg, acts, kernels)?;
         let argmax = ArgmaxBindings {
             logits: acts.logits.binding(),
             result: acts.result.binding(),
@@ -378,66 +439,13 @@ impl GpuModel {
             embed,
             layers,
             logits,
+            softcap,
             argmax,
             neox,
             head_dim,
             views: views.all,
         })
     }
-}
-
-fn embed_call(
-    view: &TensorView,
-    norm: (BufferBinding, u32),
-    acts: &Activations,
-    kernels: &mut Kernels,
-    views: &mut Views,
-    dim: usize,
-) -> Result<EmbedCall, EngineError> {
-    if view.parts.len() > 3 {
-        return Err(EngineError::Tensor {
-            name: view.name.clone(),
-            why: format!(
-                "{} row-range parts; the embedding gather binds at most 3",
-                view.parts.len()
-            ),
-        });
-    }
-    let mut push = kernels::EmbedPush {
-        ncols: to_u32(dim as u64, "dim")?,
-        out_ld: to_u32(dim as u64, "dim")?,
-        n_tok: 1,
-        g_ofs: norm.1,
-        part_end: [u32::MAX; 4],
-        wofs: [0; 4],
-    };
-    let mut w = [
-        Arc::clone(&views.dummy_w),
-        Arc::clone(&views.dummy_w),
-        Arc::clone(&views.dummy_w),
-    ];
-    for (i, p) in view.parts.iter().enumerate() {
-        w[i] = views.weights(view.ty, p, view.row_bytes)?;
-        push.part_end[i] = to_u32(p.first_row + p.n_rows, "embedding rows")?;
-        push.wofs[i] = to_u32(p.byte_offset / 4, "embedding offset")?;
-    }
-    let bindings = EmbedBindings {
-        w0: &w[0],
-        w1: &w[1],
-        w2: &w[2],
-        x: acts.x.binding(),
-        step: acts.step.binding(),
-        xg: acts.xg.binding(),
-        g: norm.0,
-    };
-    let set = kernels
-        .embed(view.ty)?
-        .descriptor_set_with(&bindings.descriptors())?;
-    Ok(EmbedCall {
-        set,
-        ty: view.ty,
-        push,
-    })
 }
 
 /// Splits a fused matmul into dispatches: one when every view has the same type, is a
@@ -457,7 +465,7 @@ fn matmul_calls(
     // (slot, weight view in binding 0 or 1, word offset, part) per dispatch
     type Member<'p> = (usize, Arc<BufferView>, u64, &'p ViewPart);
     let mut groups: Vec<Vec<Member<'_>>> = Vec::new();
-    if spec.out_mode == OutMode::Glu {
+    if spec.out_mode.is_gated() {
         let (g, u) = (spec.views[0], spec.views[1]);
         let aligned = g.ty == u.ty
             && g.parts.len() == u.parts.len()
@@ -521,7 +529,7 @@ fn matmul_calls(
             }
         }
     }
-    let types: Vec<GgmlType> = if spec.out_mode == OutMode::Glu {
+    let types: Vec<GgmlType> = if spec.out_mode.is_gated() {
         spec.views[0]
             .parts
             .iter()
@@ -536,6 +544,14 @@ fn matmul_calls(
             .collect()
     };
     let (aux, aux_ofs) = spec.aux.clone().unwrap_or((dummy.clone(), 0));
+    // a store of several views (a plain q/k/v) lays them end to end in each out0 row;
+    // every other mode writes each view at its own rows (or binding)
+    let mut row_base = vec![0u64; spec.views.len()];
+    if spec.out_mode == OutMode::Store {
+        for s in 1..spec.views.len() {
+            row_base[s] = row_base[s - 1] + spec.views[s - 1].shape[1];
+        }
+    }
     let n_groups = groups.len();
     let mut calls = Vec::with_capacity(n_groups);
     for (gi, (group, wtype)) in groups.into_iter().zip(types).enumerate() {
@@ -543,12 +559,12 @@ fn matmul_calls(
         let mut slots = Vec::new();
         for (k, (s, view, wofs, p)) in group.into_iter().enumerate() {
             // gate/up in bindings 0 and 1; every other view through binding 0
-            w[if spec.out_mode == OutMode::Glu { k } else { 0 }] = view;
+            w[if spec.out_mode.is_gated() { k } else { 0 }] = view;
             slots.push(Slot {
                 slot: s,
                 nrows: to_u32(p.n_rows, "rows")?,
                 wofs: to_u32(wofs, "weight offset")?,
-                orow: to_u32(p.first_row, "first row")?,
+                orow: to_u32(row_base[s] + p.first_row, "first row")?,
             });
         }
         let o = |i: usize| spec.outs[i].clone().unwrap_or_else(|| dummy.clone());

@@ -14,6 +14,7 @@ use vk::{CommandBuffer, QueryPool};
 
 use crate::activations::Activations;
 use crate::forward::{Head, Recorder};
+use crate::graph;
 use crate::kernels::{self, Kernels, StepHeader, ARGMAX_NON_FINITE};
 use crate::model::{Batch, GpuModel};
 pub use crate::profile::KernelTime;
@@ -113,24 +114,28 @@ impl Session {
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
         // a tensor the kernels cannot read is refused before the first allocation
         crate::support::check_gpu_readable(&cfg, file.gguf())?;
+        let factors = rope_factors(&file, &cfg)?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
 
+        // RoPE frequencies with the linear scale and Llama 3's divisors folded in: the
+        // global table in the step buffer (the fused q/k/v epilogue), both tables (global,
+        // sliding-window layers) in the rope buffer (heads.comp)
+        let tables = graph::rope_tables(&cfg, factors.as_deref());
         let mut step_init = vec![0u32; 4 + kernels::STEP_FREQS_MAX];
-        for (i, f) in kernels::rope_freqs(cfg.rope_base, cfg.head_dim)
-            .iter()
-            .enumerate()
-        {
+        for (i, f) in tables[..kernels::STEP_FREQS_MAX].iter().enumerate() {
             step_init[4 + i] = f.to_bits();
         }
         acts.step.write(0, &step_init)?;
+        acts.rope.write(0, &tables)?;
 
         let query = if opts.profile {
             // one timestamp before and after every dispatch of a token, with room to spare
-            Some(QueryPool::new(&ctx, (8 * cfg.n_layers + 16) as u32)?)
+            // (up to 8 dispatches a layer, more where weights come in parts)
+            Some(QueryPool::new(&ctx, (12 * cfg.n_layers + 16) as u32)?)
         } else {
             None
         };
@@ -429,4 +434,32 @@ impl Session {
         self.counters.bytes_read_back += (self.logits_host.len() * 4) as u64;
         Ok(&self.logits_host)
     }
+}
+
+/// Llama 3's `rope_freqs.weight` (`[head_dim/2]` frequency divisors), when the model has
+/// them, read from the file (F32 or F16).
+fn rope_factors(file: &gguf::GgufFile, cfg: &Config) -> Result<Option<Vec<f32>>, EngineError> {
+    if !cfg.rope_freqs {
+        return Ok(None);
+    }
+    let name = "rope_freqs.weight";
+    let bad = |why: String| EngineError::Tensor {
+        name: name.into(),
+        why,
+    };
+    let t = file
+        .gguf()
+        .tensor(name)
+        .ok_or_else(|| bad("missing from the model".into()))?;
+    let half = cfg.head_dim / 2;
+    if t.shape.as_slice() != [half as u64] {
+        return Err(bad(format!("shape {:?}, expected [{half}]", t.shape)));
+    }
+    let mut out = vec![0.0f32; half];
+    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
+        .map_err(|e| bad(format!("cannot read its {} values: {e}", t.ty.name())))?;
+    if let Some(f) = out.iter().find(|f| !f.is_finite() || **f <= 0.0) {
+        return Err(bad(format!("divisor {f} is not a positive finite number")));
+    }
+    Ok(Some(out))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use vk::{BufferBinding, BufferView};
 
 use crate::activations::Activations;
-use crate::kernels::{AttentionBindings, InMode, OutMode};
+use crate::kernels::{AttentionBindings, HeadsBindings, InMode, OutMode, PostNormBindings};
 use crate::residency::TensorView;
 use crate::views::Views;
 
@@ -37,12 +37,20 @@ pub(crate) struct LayerWeights<'w> {
     pub ffn_norm: (BufferBinding, u32),
     /// The next layer's attn_norm, or output_norm after the last layer.
     pub next_norm: (BufferBinding, u32),
+    /// q, k, v biases (qwen2).
+    pub biases: Option<[(BufferBinding, u32); 3]>,
+    /// The per-head q and k norm weights (qwen3, gemma3).
+    pub qk_norms: Option<[(BufferBinding, u32); 2]>,
+    /// The post-attention and post-FFN norm weights (gemma3).
+    pub post_norms: Option<[(BufferBinding, u32); 2]>,
 }
 
-/// Row lengths: dim, n_heads·head_dim, hidden_dim, vocabulary.
+/// Row lengths: dim, n_heads·head_dim, hidden_dim, vocabulary, and a q/k/v row
+/// ((n_heads + 2·n_kv_heads)·head_dim).
 pub(crate) struct Dims {
     pub dim: usize,
     pub q_dim: usize,
+    pub qkv: usize,
     pub hidden: usize,
     pub vocab: usize,
 }
@@ -75,6 +83,64 @@ pub(crate) fn qkv<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> MatmulSpec<'w>
     )
 }
 
+/// qkv = [Wq; Wk; Wv]·rmsnorm(x): each token's q heads, k heads and v heads end to end in
+/// one row of the qkv scratch (heads.comp takes it from there). Reads xg and x.
+pub(crate) fn qkv_plain<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> MatmulSpec<'w> {
+    let outs = [Some(io.a.qkv.binding()), None, None];
+    normed(
+        format!("blk.{l}.qkv"),
+        w.qkv.to_vec(),
+        OutMode::Store,
+        outs,
+        io.d.qkv,
+        io,
+    )
+}
+
+/// q = rope(norm(q + bq)); k_cache[pos] = rope(norm(k + bk)); v_cache[pos] = v + bv,
+/// per head, from the qkv row (biases and norms where the layer has them; `dummy` bound
+/// where it has not). Reads qkv, the step buffer and the rope tables; writes q and layer
+/// l's caches.
+pub(crate) fn heads(
+    l: usize,
+    w: &LayerWeights<'_>,
+    a: &Activations,
+    dummy: &BufferBinding,
+) -> HeadsBindings {
+    let d = || (dummy.clone(), 0);
+    let [bq, bk, bv] = w.biases.clone().unwrap_or_else(|| [d(), d(), d()]);
+    let [qn, kn] = w.qk_norms.clone().unwrap_or_else(|| [d(), d()]);
+    HeadsBindings {
+        qkv: a.qkv.binding(),
+        bq: bq.0,
+        bk: bk.0,
+        bv: bv.0,
+        q_norm: qn.0,
+        k_norm: kn.0,
+        q: a.q.binding(),
+        k_cache: a.key_cache[l].binding(),
+        v_cache: a.value_cache[l].binding(),
+        step: a.step.binding(),
+        rope: a.rope.binding(),
+    }
+}
+
+/// x += rmsnorm(y)∘post; xg = x∘next (a post-norm family's residual add). Reads y;
+/// writes x and xg.
+pub(crate) fn post_norm(
+    post: &(BufferBinding, u32),
+    next: &(BufferBinding, u32),
+    a: &Activations,
+) -> PostNormBindings {
+    PostNormBindings {
+        y: a.y.binding(),
+        w: post.0.clone(),
+        g: next.0.clone(),
+        x: a.x.binding(),
+        xg: a.xg.binding(),
+    }
+}
+
 /// att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos. Reads q and the caches
 /// (RGBA32F views `kc4`, `vc4`) and the step buffer; writes att_out.
 pub(crate) fn attention<'v>(
@@ -99,12 +165,47 @@ pub(crate) fn attn_output<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> Matmul
     residual_add(format!("blk.{l}.attn_output"), w.o, input, norm, io)
 }
 
-/// hb = silu(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x)). Reads xg = x∘ffn_norm and x;
-/// writes hb.
-pub(crate) fn gate_up<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> MatmulSpec<'w> {
+/// y = Wo·att_out (stored for the post-attention norm). Reads att_out; writes y.
+pub(crate) fn attn_output_store<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> MatmulSpec<'w> {
+    let input = (&io.v.att_out, io.d.q_dim);
+    stored(format!("blk.{l}.attn_output"), w.o, input, io)
+}
+
+/// hb = act(Wgate·rmsnorm(x)) * (Wup·rmsnorm(x)), act silu or (`gelu`) gelu_tanh. Reads
+/// xg = x∘ffn_norm and x; writes hb.
+pub(crate) fn gate_up<'w>(l: usize, w: &LayerWeights<'w>, io: &Io, gelu: bool) -> MatmulSpec<'w> {
     let outs = [Some(io.a.hb.binding()), None, None];
     let (name, views) = (format!("blk.{l}.gate_up"), w.gate_up.to_vec());
-    normed(name, views, OutMode::Glu, outs, io.d.hidden, io)
+    let mode = if gelu { OutMode::GeGlu } else { OutMode::Glu };
+    normed(name, views, mode, outs, io.d.hidden, io)
+}
+
+/// y = Wdown·hb (stored for the post-FFN norm). Reads hb; writes y.
+pub(crate) fn ffn_down_store<'w>(l: usize, w: &LayerWeights<'w>, io: &Io) -> MatmulSpec<'w> {
+    let input = (&io.v.hb, io.d.hidden);
+    stored(format!("blk.{l}.ffn_down"), w.down, input, io)
+}
+
+/// y = W·input (input rows `x_ld` floats apart), stored in the y scratch.
+fn stored<'w>(
+    name: String,
+    w: &'w TensorView,
+    (input, x_ld): (&Arc<BufferView>, usize),
+    io: &Io,
+) -> MatmulSpec<'w> {
+    MatmulSpec {
+        name,
+        views: vec![w],
+        in_mode: InMode::Plain,
+        out_mode: OutMode::Store,
+        x: Arc::clone(input),
+        xr: None,
+        x_ld,
+        aux: None,
+        outs: [Some(io.a.y.binding()), None, None],
+        out_ld: io.d.dim,
+        last_token_only: false,
+    }
 }
 
 /// x += Wdown·hb; xg = x∘(next attn_norm, or output_norm). Reads hb; writes x, xg.

@@ -692,6 +692,7 @@ fn embedding_gather_matches_reference_for_every_type() {
             g_ofs: 8,
             part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
             wofs: [0, 4, 0, 0],
+            scale: 1.0,
         };
         run(
             &ctx,
@@ -772,6 +773,7 @@ fn attention_matches_reference() {
             n_kv_heads: n_kv as u32,
             head_dim: hd as u32,
             scale: 1.0 / (hd as f32).sqrt(),
+            window: 0,
         };
         run(
             &ctx,
@@ -867,13 +869,13 @@ fn every_matmul_variant_builds() {
             (InMode::Plain, OutMode::Add),
             (InMode::RmsNorm, OutMode::Glu),
             (InMode::RmsNorm, OutMode::Store),
+            (InMode::Plain, OutMode::Store),
+            (InMode::RmsNorm, OutMode::GeGlu),
         ] {
             let mut keys = Vec::new();
             for tb in kernels::MATMUL_TB {
-                // the logits read one token: decode shape only
-                if out_mode != OutMode::Store || tb == 1 {
-                    keys.push(key(ty, in_mode, out_mode, false, tb));
-                }
+                // (rmsnorm, store) at TB 4: a plain q/k/v in prefill (graph.rs)
+                keys.push(key(ty, in_mode, out_mode, false, tb));
             }
             for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                 keys.push(MatmulKey {

@@ -12,9 +12,12 @@ pub struct AttentionPush {
     pub n_heads: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
+    /// Factor of the scores (`Config::attn_scale`).
     pub scale: f32,
+    /// Positions a query sees, itself included (a sliding-window layer); 0: every one.
+    pub window: u32,
 }
-const _: () = assert!(std::mem::size_of::<AttentionPush>() == 16);
+const _: () = assert!(std::mem::size_of::<AttentionPush>() == 20);
 
 /// Bindings of `attention.comp`: q, k cache, v cache, out, step.
 pub const ATTENTION_BINDINGS: u32 = 5;

@@ -21,8 +21,10 @@ pub struct EmbedPush {
     /// Rows `[part_end[v-1], part_end[v])` live in binding `v`.
     pub part_end: [u32; 4],
     pub wofs: [u32; 4],
+    /// Factor applied to the row (`Config::embd_scale`: √dim for gemma3, else 1).
+    pub scale: f32,
 }
-const _: () = assert!(std::mem::size_of::<EmbedPush>() == 48);
+const _: () = assert!(std::mem::size_of::<EmbedPush>() == 52);
 
 /// The embedding kernel for a table of type `ty`: `embed.<type>`.
 pub(super) fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {

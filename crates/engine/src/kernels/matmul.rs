@@ -59,6 +59,16 @@ pub enum OutMode {
     Qkv = 2,
     /// Views gate, up: `out0 = silu(gate·x) * (up·x)`.
     Glu = 3,
+    /// Views gate, up: `out0 = gelu_tanh(gate·x) * (up·x)` (gemma3; `OUT_GLU` with
+    /// `ACT_GELU`).
+    GeGlu = 4,
+}
+
+impl OutMode {
+    /// Gate and up in bindings 0 and 1, one output row per pair (Glu, GeGlu).
+    pub fn is_gated(self) -> bool {
+        matches!(self, OutMode::Glu | OutMode::GeGlu)
+    }
 }
 
 /// One matmul pipeline: the build-time variant (weight type, epilogue, tokens per
@@ -97,8 +107,12 @@ pub enum Epilogue {
     Add,
     /// rmsnorm in; SwiGLU of gate and up.
     Glu,
-    /// rmsnorm in; stored (the logits).
+    /// rmsnorm in; stored (the logits, and a plain q/k/v before `heads.comp`).
     Logits,
+    /// Plain in; stored (attn_output and ffn_down before `post_norm.comp`).
+    Store,
+    /// rmsnorm in; GELU(tanh)-gated gate and up.
+    GeGlu,
 }
 
 impl Epilogue {
@@ -109,6 +123,8 @@ impl Epilogue {
             (InMode::Plain, OutMode::Add) => Some(Epilogue::Add),
             (InMode::RmsNorm, OutMode::Glu) => Some(Epilogue::Glu),
             (InMode::RmsNorm, OutMode::Store) => Some(Epilogue::Logits),
+            (InMode::Plain, OutMode::Store) => Some(Epilogue::Store),
+            (InMode::RmsNorm, OutMode::GeGlu) => Some(Epilogue::GeGlu),
             _ => None,
         }
     }
@@ -120,6 +136,8 @@ impl Epilogue {
             Epilogue::Add => "add",
             Epilogue::Glu => "glu",
             Epilogue::Logits => "logits",
+            Epilogue::Store => "store",
+            Epilogue::GeGlu => "geglu",
         }
     }
 }
@@ -127,9 +145,10 @@ impl Epilogue {
 impl MatmulKey {
     /// Output rows one workgroup covers.
     pub fn tile_rows(&self) -> u32 {
-        match self.out_mode {
-            OutMode::Glu => self.wg * self.pairs,
-            _ => 2 * self.wg * self.pairs,
+        if self.out_mode.is_gated() {
+            self.wg * self.pairs
+        } else {
+            2 * self.wg * self.pairs
         }
     }
 
@@ -138,7 +157,7 @@ impl MatmulKey {
     pub fn kernel(&self) -> Result<Kernel, EngineError> {
         let epi = Epilogue::of(self.in_mode, self.out_mode).ok_or_else(|| {
             EngineError::Unsupported(format!(
-                "a matmul with input {:?} and output {:?} (built: qkv, add, glu, logits)",
+                "a matmul with input {:?} and output {:?} (built: qkv, add, glu, logits, store, geglu)",
                 self.in_mode, self.out_mode
             ))
         })?;
@@ -180,7 +199,7 @@ pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> 
     for s in slots {
         // Glu: one invocation reads row p of gate (slot 0) and of up (slot 1), so only
         // slot 0 owns workgroups
-        if key.out_mode != OutMode::Glu || s.slot == 0 {
+        if !key.out_mode.is_gated() || s.slot == 0 {
             counts[s.slot] = s.nrows.div_ceil(tile);
         }
         push.nrows[s.slot] = s.nrows;
@@ -226,7 +245,9 @@ pub fn matmul_write_bytes(
     };
     let n_tok = u64::from(push.n_tok);
     match out_mode {
-        OutMode::Store | OutMode::Glu => [bytes(n_tok, push.out_ld, end(Some(0))), 0, 0],
+        // a store of several views (a plain q/k/v) writes every view's rows into out0
+        OutMode::Store => [bytes(n_tok, push.out_ld, end(None)), 0, 0],
+        OutMode::Glu | OutMode::GeGlu => [bytes(n_tok, push.out_ld, end(Some(0))), 0, 0],
         OutMode::Add => {
             let o = bytes(n_tok, push.out_ld, end(None));
             [o, if write_xg { o } else { 0 }, 0]

@@ -10,17 +10,25 @@
 //!   ([`Epilogue`]): rmsnorm folded into the input, and the output stored, added to the
 //!   residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
-//! - `argmax.comp`: the greedy token on the GPU.
+//! - `argmax.comp`: the greedy token on the GPU;
+//! - `heads.comp`, `post_norm.comp`, `softcap.comp`: the steps of the families beyond
+//!   llama (per-head biases, Q/K norms and RoPE; post-norm residual adds; logit softcap).
 
 mod argmax;
 mod attention;
 mod embed;
+mod heads;
 mod matmul;
+mod post_norm;
+mod softcap;
 
 pub use argmax::*;
 pub use attention::*;
 pub use embed::*;
+pub use heads::*;
 pub use matmul::*;
+pub use post_norm::*;
+pub use softcap::*;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -119,6 +127,10 @@ pub struct Kernels {
     /// Per head dimension.
     attention: HashMap<u32, Pipeline>,
     pub argmax: Pipeline,
+    /// `heads.comp`, `post_norm.comp`, `softcap.comp`: created when a model needs them.
+    heads: Option<Pipeline>,
+    post_norm: Option<Pipeline>,
+    softcap: Option<Pipeline>,
     /// Whether one-token matmuls may split columns across lanes ([`Kernels::column_split`]).
     column_split: bool,
 }
@@ -140,6 +152,9 @@ impl Kernels {
             embed: HashMap::new(),
             attention: HashMap::new(),
             argmax,
+            heads: None,
+            post_norm: None,
+            softcap: None,
             column_split: true,
         })
     }
@@ -255,14 +270,88 @@ impl Kernels {
 
     /// How many pipelines exist.
     pub fn count(&self) -> usize {
-        self.matmul.len() + self.embed.len() + 2
+        let extra = [&self.heads, &self.post_norm, &self.softcap]
+            .iter()
+            .filter(|p| p.is_some())
+            .count();
+        self.matmul.len() + self.embed.len() + self.attention.len() + 1 + extra
     }
+
+    /// The `heads.comp` pipeline, created on first request.
+    pub fn heads(&mut self) -> Result<&Pipeline, EngineError> {
+        let desc = PipelineDesc {
+            kernel: Kernel::Heads,
+            n_bindings: HEADS_BINDINGS,
+            push_size: std::mem::size_of::<HeadsPush>() as u32,
+            spec: vec![],
+        };
+        once(&self.ctx, &mut self.heads, &desc)
+    }
+
+    pub fn heads_ref(&self) -> Option<&Pipeline> {
+        self.heads.as_ref()
+    }
+
+    /// The `post_norm.comp` pipeline, created on first request.
+    pub fn post_norm(&mut self) -> Result<&Pipeline, EngineError> {
+        let desc = PipelineDesc {
+            kernel: Kernel::PostNorm,
+            n_bindings: POST_NORM_BINDINGS,
+            push_size: std::mem::size_of::<PostNormPush>() as u32,
+            spec: vec![POST_NORM_WG],
+        };
+        once(&self.ctx, &mut self.post_norm, &desc)
+    }
+
+    pub fn post_norm_ref(&self) -> Option<&Pipeline> {
+        self.post_norm.as_ref()
+    }
+
+    /// The `softcap.comp` pipeline, created on first request.
+    pub fn softcap(&mut self) -> Result<&Pipeline, EngineError> {
+        let desc = PipelineDesc {
+            kernel: Kernel::Softcap,
+            n_bindings: SOFTCAP_BINDINGS,
+            push_size: std::mem::size_of::<SoftcapPush>() as u32,
+            spec: vec![],
+        };
+        once(&self.ctx, &mut self.softcap, &desc)
+    }
+
+    pub fn softcap_ref(&self) -> Option<&Pipeline> {
+        self.softcap.as_ref()
+    }
+}
+
+/// The pipeline in `slot`, created from `desc` the first time.
+fn once<'p>(
+    ctx: &Arc<vk::Context>,
+    slot: &'p mut Option<Pipeline>,
+    desc: &PipelineDesc,
+) -> Result<&'p Pipeline, EngineError> {
+    if slot.is_none() {
+        *slot = Some(Pipeline::new(ctx, desc)?);
+    }
+    Ok(slot.as_ref().expect("created above"))
 }
 
 /// Rope frequencies `base^(-2i/head_dim)` for `i < head_dim/2`, computed in f64 as
 /// `reference::kernels::rope` does, so GPU and reference angles agree.
 pub fn rope_freqs(base: f32, head_dim: usize) -> Vec<f32> {
+    rope_freqs_ext(base, 1.0, None, head_dim)
+}
+
+/// Rope frequencies with linear position scaling and per-frequency divisors (Llama 3's
+/// `rope_freqs.weight`): `scale·base^(-2i/head_dim)/factors[i]`, in f64 as
+/// `reference::kernels::rope_ext` computes the angle, so that `pos·freq` is its angle.
+pub fn rope_freqs_ext(base: f32, scale: f32, factors: Option<&[f32]>, head_dim: usize) -> Vec<f32> {
     (0..head_dim / 2)
-        .map(|i| f64::from(base).powf(-2.0 * i as f64 / head_dim as f64) as f32)
+        .map(|i| {
+            let f = f64::from(base).powf(-2.0 * i as f64 / head_dim as f64);
+            let d = factors
+                .and_then(|fs| fs.get(i))
+                .map_or(1.0, |&d| f64::from(d));
+            (f64::from(scale) * f / d) as f32
+        })
         .collect()
 }

@@ -1,0 +1,109 @@
+#version 450
+// The per-head steps between a plain q/k/v matmul and attention, for the families whose
+// graph does more than llama's fused epilogue (matmul.glsl OUT_QKV): the q/k/v biases
+// (qwen2), the RMS norm of every head of Q and of K (qwen3, gemma3), RoPE with the
+// layer's own frequency table (gemma3's sliding-window layers), then q written for
+// attention and k, v into the caches at position pos0 + t.
+// CPU twin: reference::kernels::{add, rmsnorm_heads, rope_ext}, in that order (as
+// reference::forward applies them).
+//
+// One invocation per (head, token): heads 0..n_heads are q, then n_kv_heads of k, then of
+// v, as the matmul laid them end to end in a row of QKV. Every load is uniform (cheap on
+// lavapipe) and a head is at most 256 elements: the whole step costs about a dispatch.
+#extension GL_GOOGLE_include_directive : require
+
+#include "step.glsl"
+#include "rope.glsl"
+
+layout(local_size_x = 1) in;
+
+// Rust twin: engine::kernels::HEADS_BINDINGS / HeadsBindings.
+layout(std430, set = 0, binding = 0) readonly buffer Qkv { float qkv[]; };  // [n_tok][qkv_ld]
+layout(std430, set = 0, binding = 1) readonly buffer Bq { float bq[]; };    // q bias
+layout(std430, set = 0, binding = 2) readonly buffer Bk { float bk[]; };    // k bias
+layout(std430, set = 0, binding = 3) readonly buffer Bv { float bv[]; };    // v bias
+layout(std430, set = 0, binding = 4) readonly buffer Qn { float qn[]; };    // q head norm
+layout(std430, set = 0, binding = 5) readonly buffer Kn { float kn[]; };    // k head norm
+layout(std430, set = 0, binding = 6) buffer Q { float q[]; };               // [n_tok][q_ld]
+layout(std430, set = 0, binding = 7) buffer Kc { float kc[]; };             // [ctx][kv_ld]
+layout(std430, set = 0, binding = 8) buffer Vc { float vc[]; };             // [ctx][kv_ld]
+STEP_BUFFER(9)
+layout(std430, set = 0, binding = 10) readonly buffer Rope { float rope_tab[]; };
+
+// Rust twin: engine::kernels::HeadsPush (64 bytes).
+layout(push_constant) uniform Push {
+    uint n_heads;
+    uint n_kv_heads;
+    uint head_dim;
+    uint qkv_ld;    // floats between token rows of QKV (n_heads + 2 n_kv_heads heads)
+    uint q_ld;      // floats between token rows of Q
+    uint kv_ld;     // floats between positions of the caches
+    float eps;      // the head norms' epsilon
+    uint flags;     // HEADS_BIAS | HEADS_NORM | HEADS_NEOX
+    uint freq_ofs;  // this layer's frequency table inside ROPE (theta_i = pos * rope_tab[freq_ofs + i])
+    uint bq_ofs;    // float offsets of the biases and norm weights in their bindings
+    uint bk_ofs;
+    uint bv_ofs;
+    uint qn_ofs;
+    uint kn_ofs;
+    uint pad0;
+    uint pad1;
+} pc;
+
+#define HEADS_BIAS 1u
+#define HEADS_NORM 2u
+#define HEADS_NEOX 4u
+
+// One head: DST[d..d+hd] = SRC head (+ BIAS), RMS-normed by NORM (when NORMED), rotated
+// (when ROPED).
+#define HEAD_STEPS(DST, d, BIAS, bofs, NORM, nofs, NORMED, ROPED)                          \
+    {                                                                                     \
+        bool bias_ = (pc.flags & HEADS_BIAS) != 0u;                                       \
+        float ss_ = 0.0;                                                                  \
+        for (uint i = 0u; i < hd; i++) {                                                  \
+            float v_ = qkv[src + i];                                                      \
+            if (bias_) {                                                                  \
+                v_ += BIAS[(bofs) + i];                                                   \
+            }                                                                             \
+            ss_ = fma(v_, v_, ss_);                                                       \
+            DST[(d) + i] = v_;                                                            \
+        }                                                                                 \
+        if (NORMED) {                                                                     \
+            float r_ = inversesqrt(ss_ / float(hd) + pc.eps);                             \
+            for (uint i = 0u; i < hd; i++) {                                              \
+                DST[(d) + i] = DST[(d) + i] * r_ * NORM[(nofs) + i];                      \
+            }                                                                             \
+        }                                                                                 \
+        if (ROPED) {                                                                      \
+            bool neox_ = (pc.flags & HEADS_NEOX) != 0u;                                   \
+            uint half_ = hd / 2u;                                                         \
+            for (uint i = 0u; i < half_; i++) {                                           \
+                uint ia_ = (d) + (neox_ ? i : 2u * i);                                    \
+                uint ib_ = (d) + (neox_ ? i + half_ : 2u * i + 1u);                       \
+                vec2 r_ = rope_pair(DST[ia_], DST[ib_], pos, rope_tab[pc.freq_ofs + i]);  \
+                DST[ia_] = r_.x;                                                          \
+                DST[ib_] = r_.y;                                                          \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+void main() {
+    uint h = gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.y;
+    uint hd = pc.head_dim;
+    uint nq = pc.n_heads;
+    uint nk = pc.n_kv_heads;
+    uint src = t * pc.qkv_ld + h * hd;
+    float pos = float(step_pos0 + t);
+    bool normed = (pc.flags & HEADS_NORM) != 0u;
+    uint c = (step_pos0 + t) * pc.kv_ld;  // the position's cache row
+    if (h < nq) {
+        HEAD_STEPS(q, t * pc.q_ld + h * hd, bq, pc.bq_ofs + h * hd, qn, pc.qn_ofs, normed, true)
+    } else if (h < nq + nk) {
+        uint kh = h - nq;
+        HEAD_STEPS(kc, c + kh * hd, bk, pc.bk_ofs + kh * hd, kn, pc.kn_ofs, normed, true)
+    } else {
+        uint vh = h - nq - nk;
+        HEAD_STEPS(vc, c + vh * hd, bv, pc.bv_ofs + vh * hd, kn, pc.kn_ofs, false, false)
+    }
+}
