@@ -13,7 +13,7 @@ use bounds::{check_fits, missing};
 
 use crate::activations::Activations;
 use crate::kernels::{self, AttentionPush, MatmulPush};
-use crate::model::{matmul_key, Batch, GpuModel, MatmulCall};
+use crate::model::{Batch, GpuModel, MatmulCall};
 use crate::profile;
 use crate::EngineError;
 use arch::Config;
@@ -156,7 +156,7 @@ impl Recorder<'_> {
     /// they write disjoint rows, so no barrier between them).
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
         for call in calls {
-            let key = matmul_key(
+            let key = self.kernels.matmul_key(
                 &call.variant,
                 self.batch,
                 self.model.neox,
