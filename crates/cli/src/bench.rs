@@ -493,15 +493,14 @@ fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
         };
         let never = AtomicBool::new(false);
         let result = child::run_group(&spec, &never)?;
-        outln!("\nper-kernel GPU time of one decode token, {}:", arm.name);
+        outln!(
+            "\nper-kernel GPU time of the last prefill chunk and of one decode token, {}:",
+            arm.name
+        );
         for c in &result.children {
             match &c.stats {
                 Ok(_) => {
-                    let table: Vec<&str> = c
-                        .stderr_tail
-                        .lines()
-                        .skip_while(|l| !l.trim_start().starts_with("kernel"))
-                        .collect();
+                    let table = profile_tables(&c.stderr_tail);
                     if table.is_empty() {
                         outln!("(the run printed no profile)\n{}", c.stderr_tail.trim_end());
                     } else {
@@ -519,9 +518,41 @@ fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The profile tables a `--profile` run prints at its end: from its first `profile:`
+/// title (prefill chunk, then decode token), or from the first `kernel` header.
+fn profile_tables(stderr: &str) -> Vec<&str> {
+    let from = |p: &'static str| -> Vec<&str> {
+        stderr
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with(p))
+            .collect()
+    };
+    let titled = from("profile:");
+    if titled.is_empty() {
+        from("kernel")
+    } else {
+        titled
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn profile_tables_start_at_the_first_title() {
+        let err = "load\nprofile: the last prefill chunk (6 tokens)\nkernel a\nprofile: one decode token\nkernel b\n";
+        assert_eq!(
+            profile_tables(err),
+            [
+                "profile: the last prefill chunk (6 tokens)",
+                "kernel a",
+                "profile: one decode token",
+                "kernel b"
+            ]
+        );
+        assert_eq!(profile_tables("x\nkernel b\ntotal"), ["kernel b", "total"]);
+    }
 
     #[test]
     fn arms_alternate_in_the_order_given_with_the_ablation_last() {
