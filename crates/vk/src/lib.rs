@@ -21,6 +21,7 @@ mod error;
 mod import;
 mod kernels;
 mod pipeline;
+mod subgroup;
 pub mod testing;
 mod texel;
 
