@@ -9,12 +9,13 @@
 mod child;
 mod json;
 mod plot;
+mod profile;
 mod report;
 mod stats;
 mod table;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -349,7 +350,7 @@ pub fn run(args: Args) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     if args.profile && !bench.interrupted {
-        profile(&bench, &exe, &ids_arg, tmp.path())?;
+        profile::run(&bench, &exe, &ids_arg, tmp.path())?;
     }
     drop(tmp);
 
@@ -472,51 +473,6 @@ fn prompt_ids(file: &gguf::GgufFile, n: usize) -> Result<(Vec<u32>, String)> {
             ))
         }
     }
-}
-
-/// `--profile`: one more child per distinct mode with `--profile`, its table printed.
-fn profile(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
-    for arm in bench.arms.iter().filter(|a| !a.sync_each_layer) {
-        let dir = tmp.join(format!("profile-{}", arm.name));
-        std::fs::create_dir_all(&dir)?;
-        let mut args = child_args(&bench.args, arm, ids);
-        args.push("--profile".into());
-        let spec = GroupSpec {
-            exe,
-            args,
-            n: 1,
-            barrier: false,
-            timeout: Duration::from_secs(bench.args.timeout),
-            dir: &dir,
-            // The profile table has a row per kernel and layer.
-            stderr_tail_bytes: 1 << 20,
-        };
-        let never = AtomicBool::new(false);
-        let result = child::run_group(&spec, &never)?;
-        outln!("\nper-kernel GPU time of one decode token, {}:", arm.name);
-        for c in &result.children {
-            match &c.stats {
-                Ok(_) => {
-                    let table: Vec<&str> = c
-                        .stderr_tail
-                        .lines()
-                        .skip_while(|l| !l.trim_start().starts_with("kernel"))
-                        .collect();
-                    if table.is_empty() {
-                        outln!("(the run printed no profile)\n{}", c.stderr_tail.trim_end());
-                    } else {
-                        outln!("{}", table.join("\n"));
-                    }
-                }
-                Err(f) => outln!(
-                    "the profile run failed: {}\n{}",
-                    f.reason,
-                    f.stderr_tail.trim_end()
-                ),
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

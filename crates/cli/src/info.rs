@@ -1,10 +1,12 @@
 //! `vkdecode info`: every Vulkan device with its capabilities record (read from the
-//! driver), which one runs by default, and what `--weights auto` picks on each and why.
+//! driver), which one runs by default, what `--weights auto` picks on each and why, and
+//! the matmul shapes the engine would run there (`engine::kernels::Shapes`).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 
 use anyhow::Context as _;
+use engine::kernels::{ShapeChoice, Shapes};
 use engine::{auto_decision, WeightsMode};
 use serde_json::json;
 
@@ -31,6 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             all.len()
         );
     }
+    let choice = ShapeChoice::from_env().map_err(anyhow::Error::msg)?;
     let chosen = vk::default_device(&all);
     let shown: Vec<&vk::Capabilities> = all
         .iter()
@@ -40,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let arr: Vec<serde_json::Value> = shown
             .iter()
-            .map(|c| to_json(c, chosen == Some(c.index)))
+            .map(|c| to_json(c, chosen == Some(c.index), choice))
             .collect();
         out = serde_json::to_string_pretty(&arr)? + "\n";
         return emit(&out);
@@ -56,6 +59,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out,
             "  weights                      auto → {arrow}: {}",
             auto.reason
+        )?;
+        let shapes = Shapes::choose(c, choice);
+        writeln!(
+            out,
+            "  8-lane workgroup = subgroup  {}",
+            match c.one_subgroup_of(8) {
+                Some(g) => g.as_str(),
+                None => "no",
+            }
+        )?;
+        writeln!(
+            out,
+            "  matmul shapes                {}",
+            describe(&shapes, c)
         )?;
         if chosen == Some(c.index) {
             writeln!(
@@ -76,9 +93,34 @@ fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-fn to_json(c: &vk::Capabilities, default: bool) -> serde_json::Value {
+/// One line: the entry's name and its decode and prefill shapes.
+fn describe(s: &Shapes, c: &vk::Capabilities) -> String {
+    let split = match (s.split_lanes, s.split_guarantee(c)) {
+        (Some(l), Some(g)) => format!("column split over {l} lanes (one subgroup: {})", g.as_str()),
+        _ => "lanes own rows".to_string(),
+    };
+    format!(
+        "{}{}: decode {} lanes x {} row pairs, prefill {} lanes x {} pairs x {} tokens, {split}",
+        s.name,
+        if std::env::var_os("VKDECODE_SHAPES").is_some() {
+            " (VKDECODE_SHAPES)"
+        } else {
+            ""
+        },
+        s.decode.wg,
+        s.decode.pairs,
+        s.prefill.wg,
+        s.prefill.pairs,
+        s.prefill.tb
+    )
+}
+
+fn to_json(c: &vk::Capabilities, default: bool, choice: ShapeChoice) -> serde_json::Value {
     let auto = auto_decision(c);
-    json!({
+    let shapes = Shapes::choose(c, choice);
+    let shape =
+        |m: &engine::kernels::MatmulShape| json!({"wg": m.wg, "pairs": m.pairs, "tb": m.tb});
+    let mut v = json!({
         "index": c.index,
         "name": c.name,
         "device_type": c.device_type.as_str(),
@@ -117,5 +159,22 @@ fn to_json(c: &vk::Capabilities, default: bool) -> serde_json::Value {
         "unified_memory": c.unified_memory,
         "unsuitable": c.unsuitable,
         "auto": { "mode": auto.mode, "reason": auto.reason },
-    })
+    });
+    v["subgroup_size_control"] = json!(c.subgroup_size_control.map(|x| json!({
+        "min": x.min,
+        "max": x.max,
+        "max_compute_workgroup_subgroups": x.max_compute_workgroup_subgroups,
+        "required_in_compute": x.required_in_compute,
+        "feature": x.feature,
+        "full_subgroups": x.full_subgroups,
+    })));
+    v["one_subgroup_of_8"] = json!(c.one_subgroup_of(8).map(|g| g.as_str()));
+    v["shapes"] = json!({
+        "name": shapes.name,
+        "decode": shape(&shapes.decode),
+        "prefill": shape(&shapes.prefill),
+        "split_lanes": shapes.split_lanes,
+        "split_guarantee": shapes.split_guarantee(c).map(|g| g.as_str()),
+    });
+    v
 }

@@ -475,12 +475,21 @@ pub fn run(args: Args) -> Result<()> {
     if args.profile {
         match generator.forward().session() {
             None => eprintln!("--profile needs the Vulkan backend"),
-            Some(s) => match s.profile_last_token() {
-                Some(rows) => crate::stats::print_profile(&rows),
-                None => {
-                    eprintln!("no profile recorded (the device has no timestamp support?)")
+            Some(s) => {
+                if let Some((n, rows)) = s.profile_last_prefill_chunk() {
+                    eprintln!("profile: the last prefill chunk ({n} tokens)");
+                    crate::stats::print_profile(&rows);
                 }
-            },
+                match s.profile_last_token() {
+                    Some(rows) => {
+                        eprintln!("profile: one decode token");
+                        crate::stats::print_profile(&rows)
+                    }
+                    None => {
+                        eprintln!("no profile recorded (the device has no timestamp support?)")
+                    }
+                }
+            }
         }
     }
     if let (Some(f), Some(path)) = (&mut stats_file, &args.stats_json) {

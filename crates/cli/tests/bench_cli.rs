@@ -367,6 +367,87 @@ fn procs_plot_has_pss_versus_n() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The speed figures by themselves (issue 14): time to first token, prefill and decode
+/// tok/s and their ratio, per arm, in the table, the JSON (`speed` and the summary) and
+/// the plot; a long prompt is exactly `-p` tokens (the text repeated).
+#[test]
+fn long_prompt_reports_time_to_first_token_and_prefill_apart_from_decode() {
+    let dir = scratch("speed");
+    let model = tiny_model(&dir);
+    let json = dir.join("speed.json");
+    let svg = dir.join("speed.svg");
+    // bench() fixes -p 6: the same arguments with a 100-token prompt
+    let out = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .arg("bench")
+        .arg("-m")
+        .arg(&model)
+        .args(["--backend", "reference", "-p", "100", "-n", "3", "-r", "2"])
+        .args(["--timeout", "120", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .expect("running vkdecode bench");
+    let stdout = ok(&out);
+    for label in [
+        "time to first token ms",
+        "prefill tok/s",
+        "decode tok/s",
+        "prefill/decode tok/s",
+    ] {
+        assert!(stdout.contains(label), "no {label:?} row in\n{stdout}");
+    }
+    let j = read_json(&json);
+    assert_eq!(j["config"]["prompt_tokens"], 100);
+    for arm in ["import", "copy"] {
+        let rs = runs(&j, arm);
+        for r in rs {
+            assert_eq!(r["n_prompt"], 100, "exactly -p tokens: {r}");
+            assert_eq!(r["prompt_ids"].as_array().map(Vec::len), Some(100));
+        }
+        let v = &j["speed"][arm];
+        assert_eq!(v["prompt_tokens"], 100, "{v}");
+        for key in [
+            "ttft_ms",
+            "prefill_tok_s",
+            "decode_tok_s",
+            "prefill_over_decode",
+        ] {
+            let x = f(&v[key]);
+            assert!(x.is_finite() && x > 0.0, "speed.{arm}.{key} = {x}");
+            assert_eq!(
+                j["summary"]["arms"][arm][key]["median"], v[key],
+                "speed.{arm}.{key} is the summary's median"
+            );
+        }
+        // the medians of what the runs reported, and the ratio per run
+        let med = |k: &str| median(rs.iter().map(|r| f(&r[k])).collect());
+        for key in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+            let (got, want) = (f(&v[key]), med(key));
+            assert!((got - want).abs() <= 1e-9 * want, "{key}: {got} vs {want}");
+        }
+        let ratio = median(
+            rs.iter()
+                .map(|r| f(&r["prefill_tok_s"]) / f(&r["decode_tok_s"]))
+                .collect(),
+        );
+        assert!((f(&v["prefill_over_decode"]) - ratio).abs() <= 1e-9 * ratio);
+        // time to first token covers the prefill of the whole prompt
+        for r in rs {
+            assert!(f(&r["ttft_ms"]) >= f(&r["prefill_ms"]) * 0.999, "{r}");
+        }
+    }
+    let text = std::fs::read_to_string(&svg).expect("the SVG exists");
+    for caption in [
+        "decode tok/s",
+        "prefill tok/s, 100-token prompt",
+        "time to first token ms",
+    ] {
+        assert!(text.contains(caption), "no {caption:?} panel in the SVG");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_failing_child_is_reported_with_its_stderr_not_a_panic() {
     let dir = scratch("fail");
@@ -474,18 +555,45 @@ fn vulkan_children_report_the_residency_path_taken() {
         return;
     }
     let stdout = ok(&out);
-    // --profile: one more child per mode, its per-kernel table printed after the A/B.
+    // --profile: one more child per mode, its per-kernel tables printed after the A/B:
+    // the last prefill chunk (the whole 4-token prompt), then one decode token, each
+    // naming the dispatches it timed.
     for mode in ["import", "copy"] {
-        let head = format!("per-kernel GPU time of one decode token, {mode}:");
+        let head = format!(
+            "per-kernel GPU time of the last prefill chunk and of one decode token, {mode}:"
+        );
         let section = stdout
             .split(&head)
             .nth(1)
             .unwrap_or_else(|| panic!("no {head:?} in\n{stdout}\nstderr:\n{stderr}"));
-        let first = section.lines().nth(1).unwrap_or("");
-        assert!(
-            first.starts_with("kernel"),
-            "{mode}: the profile table is missing:\n{section}"
+        let lines: Vec<&str> = section.lines().skip(1).collect();
+        assert_eq!(
+            lines.first().copied(),
+            Some("profile: the last prefill chunk (4 tokens)"),
+            "{mode}: the prefill profile is missing:\n{section}"
         );
+        let dec = lines
+            .iter()
+            .position(|l| *l == "profile: one decode token")
+            .unwrap_or_else(|| panic!("{mode}: no decode profile:\n{section}"));
+        for (what, table) in [("prefill", &lines[1..dec]), ("decode", &lines[dec + 1..])] {
+            assert!(
+                table.first().is_some_and(|l| l.starts_with("kernel")),
+                "{mode} {what}: no table header:\n{section}"
+            );
+            for kernel in ["qkv", "attention", "gate_up", "ffn_down", "logits"] {
+                assert!(
+                    table.iter().any(|l| l.starts_with(kernel)),
+                    "{mode} {what}: no {kernel} row:\n{section}"
+                );
+            }
+            let total = table
+                .iter()
+                .find(|l| l.starts_with("total"))
+                .unwrap_or_else(|| panic!("{mode} {what}: no total:\n{section}"));
+            let ms: f64 = total.split_whitespace().nth(2).unwrap().parse().unwrap();
+            assert!(ms > 0.0, "{mode} {what}: {total}");
+        }
     }
     let j = read_json(&json);
     assert_eq!(j["backend"], "vulkan");

@@ -15,7 +15,7 @@ use bounds::{check_fits, missing};
 
 use crate::activations::Activations;
 use crate::kernels::{self, MatmulPush};
-use crate::model::{matmul_key, Batch, GpuModel, HeadsCall, MatmulCall, PostNormCall};
+use crate::model::{Batch, GpuModel, HeadsCall, MatmulCall, PostNormCall};
 use crate::profile;
 use crate::EngineError;
 use arch::Config;
@@ -225,7 +225,7 @@ impl Recorder<'_> {
     /// they write disjoint rows, so no barrier between them).
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
         for call in calls {
-            let key = matmul_key(
+            let key = self.kernels.matmul_key(
                 &call.variant,
                 self.batch,
                 self.model.neox,

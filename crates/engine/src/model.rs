@@ -31,45 +31,19 @@ use vk::{BufferBinding, BufferView, DescriptorSet};
 use crate::activations::Activations;
 use crate::graph::GraphShape;
 use crate::kernels::{
-    self, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, MatmulKey, OutMode, Slot,
-    CHUNK,
+    self, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, OutMode, Slot, CHUNK,
 };
 use crate::residency::{TensorView, ViewPart, Weights};
 use crate::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::views::Views;
 use crate::EngineError;
 
-/// Workgroup shape of one kind of batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatmulShape {
-    pub wg: u32,
-    pub pairs: u32,
-    pub tb: u32,
-}
+pub use crate::kernels::{Batch, MatmulShape};
 
-/// One token at a time (decode) vs a batch of prompt tokens (prefill).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Batch {
-    Decode,
-    Prefill,
-}
-
-/// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
-/// pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
-/// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs; four pairs measured no
-/// faster and doubled the pipelines' compile time: `GROUP` in matmul.comp).
-pub const DECODE_SHAPE: MatmulShape = MatmulShape {
-    wg: 8,
-    pairs: 8,
-    tb: 1,
-};
-/// Prefill: each weight chunk loaded is used for 4 tokens (two pairs in lockstep: about
-/// 60 against 50 tok/s over a 200-token prompt).
-pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
-    wg: 8,
-    pairs: 4,
-    tb: 4,
-};
+/// lavapipe's decode shape (`kernels::LAVAPIPE`; the device's own: `Kernels::shapes`).
+pub const DECODE_SHAPE: MatmulShape = kernels::LAVAPIPE.decode;
+/// lavapipe's prefill shape (`kernels::LAVAPIPE`).
+pub const PREFILL_SHAPE: MatmulShape = kernels::LAVAPIPE.prefill;
 
 /// What selects a matmul dispatch's pipeline, apart from the batch kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,32 +116,6 @@ pub struct GpuModel {
     pub head_dim: u32,
     /// Texel views of the weights and activations the sets read.
     pub views: Vec<Arc<BufferView>>,
-}
-
-/// The matmul pipeline key of a dispatch of variant `v` for a batch kind.
-pub fn matmul_key(v: &MatmulVariant, batch: Batch, neox: bool, head_dim: u32) -> MatmulKey {
-    let call = v;
-    let shape = match batch {
-        Batch::Prefill if !call.last_token_only => PREFILL_SHAPE,
-        _ => DECODE_SHAPE,
-    };
-    let qkv_neox = call.out_mode == OutMode::Qkv && neox;
-    let pairs = if qkv_neox {
-        // a workgroup must hold whole heads so that both rows of a pair are its own
-        (head_dim / (2 * shape.wg)).max(1)
-    } else {
-        shape.pairs
-    };
-    MatmulKey {
-        wtype: call.wtype,
-        in_mode: call.in_mode,
-        out_mode: call.out_mode,
-        neox: qkv_neox,
-        wg: shape.wg,
-        pairs,
-        tb: shape.tb,
-        split_k: if shape.tb == 1 { call.split_k } else { 0 },
-    }
 }
 
 fn to_u32(v: u64, what: &str) -> Result<u32, EngineError> {
@@ -461,7 +409,7 @@ fn matmul_calls(
     head_dim: u32,
 ) -> Result<Vec<MatmulCall>, EngineError> {
     let ncols = spec.views[0].shape[0];
-    let split_k = kernels.column_split(DECODE_SHAPE.wg, to_u32(ncols, "columns")?);
+    let split_k = kernels.column_split(kernels.shapes().decode.wg, to_u32(ncols, "columns")?);
     // (slot, weight view in binding 0 or 1, word offset, part) per dispatch
     type Member<'p> = (usize, Arc<BufferView>, u64, &'p ViewPart);
     let mut groups: Vec<Vec<Member<'_>>> = Vec::new();
@@ -588,9 +536,9 @@ fn matmul_calls(
         };
         // the prefill pipeline has an identical set layout, so it accepts this set too
         let set = kernels
-            .matmul(matmul_key(&variant, Batch::Decode, neox, head_dim))?
+            .matmul(kernels.matmul_key(&variant, Batch::Decode, neox, head_dim))?
             .descriptor_set_with(&bindings.descriptors())?;
-        kernels.matmul(matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
+        kernels.matmul(kernels.matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {
                 spec.name.clone()

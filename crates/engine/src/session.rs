@@ -93,6 +93,8 @@ pub struct Session {
     /// Weight bytes each profiled dispatch reads (`None`: not a matvec).
     profile_bytes: Vec<Option<u64>>,
     last_profile: Option<Vec<KernelTime>>,
+    /// The last profiled prefill chunk: its tokens and per-kernel times.
+    last_prefill_profile: Option<(usize, Vec<KernelTime>)>,
 }
 
 impl Session {
@@ -158,6 +160,7 @@ impl Session {
             profile_names: Vec::new(),
             profile_bytes: Vec::new(),
             last_profile: None,
+            last_prefill_profile: None,
         };
         session.counters.allocations = session.acts.count();
         session.record_decode(opts.sync_each_layer)?;
@@ -218,6 +221,12 @@ impl Session {
     /// appearance), when the session profiles.
     pub fn profile_last_token(&self) -> Option<Vec<KernelTime>> {
         self.last_profile.clone()
+    }
+
+    /// Per-kernel GPU time of the last prefill chunk and its number of tokens, when the
+    /// session profiles.
+    pub fn profile_last_prefill_chunk(&self) -> Option<(usize, Vec<KernelTime>)> {
+        self.last_prefill_profile.clone()
     }
 
     /// Runs the prompt through the model in batches of up to [`PREFILL_CHUNK`] tokens at
@@ -332,6 +341,7 @@ impl Session {
         self.write_step(tokens)?;
         let cmd = &mut self.prefill_cmd;
         cmd.begin()?;
+        let mut names = Vec::new();
         let mut rec = Recorder {
             cmd,
             kernels: &self.kernels,
@@ -341,11 +351,16 @@ impl Session {
             ctx_len: self.ctx_len,
             n_tok: tokens.len() as u32,
             batch: Batch::Prefill,
-            profile: None,
+            profile: self.query.as_ref().map(|q| (q, &mut names)),
         };
         rec.forward(head, dump)?;
         self.prefill_cmd.end()?;
         self.ctx.submit_and_wait(&self.prefill_cmd)?;
+        if let Some(q) = &self.query {
+            let ts = q.read_ns(0, names.len() as u32 + 1)?;
+            let bytes = dispatch_weight_bytes(&self.model, &names);
+            self.last_prefill_profile = Some((tokens.len(), per_kernel(&names, &bytes, &ts)));
+        }
         self.counters.host_waits += 1;
         self.pos += tokens.len();
         Ok(())

@@ -15,7 +15,7 @@ use engine::kernels::{
     self, ArgmaxBindings, ArgmaxPush, AttentionBindings, AttentionPush, EmbedBindings, EmbedPush,
     InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
-use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
+use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
@@ -111,7 +111,7 @@ fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) ->
 }
 
 /// The engine's own keys for a dispatch over rows of `cols` columns
-/// (`model::matmul_key`): the prefill shape, the decode shape (with the column split the
+/// (`Kernels::matmul_key`, in the device's shapes): the prefill shape, the decode shape (with the column split the
 /// engine picks on this device), and where the split is picked, the row-per-lane decode
 /// fallback. The logits read one token: decode shape only.
 fn engine_keys(
@@ -127,13 +127,13 @@ fn engine_keys(
         in_mode,
         out_mode,
         last_token_only: out_mode == OutMode::Store,
-        split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
-        matmul_key(&v, Batch::Prefill, neox, head_dim),
-        matmul_key(&v, Batch::Decode, neox, head_dim),
-        matmul_key(&fallback, Batch::Decode, neox, head_dim),
+        ks.matmul_key(&v, Batch::Prefill, neox, head_dim),
+        ks.matmul_key(&v, Batch::Decode, neox, head_dim),
+        ks.matmul_key(&fallback, Batch::Decode, neox, head_dim),
     ];
     keys.dedup();
     keys.sort_by_key(|k| (k.tb, k.split_k));
@@ -149,8 +149,13 @@ fn column_split_is_chosen_where_the_device_allows() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let caps = ctx.caps();
-    if !(caps.subgroup_in_compute && caps.subgroup_operations.contains(&"arithmetic")) {
-        eprintln!("no subgroup arithmetic on this device: the row-per-lane kernel is used");
+    if caps.one_subgroup_of(8).is_none() || ks.shapes().split_lanes != Some(8) {
+        eprintln!(
+            "8-lane workgroups are not one subgroup here (subgroup size {}) or the shapes \
+             ({}) do not split: the row-per-lane kernel is used",
+            caps.subgroup_size,
+            ks.shapes().name
+        );
         assert_eq!(ks.column_split(8, 576), 0);
         return;
     }

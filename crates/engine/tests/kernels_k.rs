@@ -27,7 +27,7 @@ use engine::kernels::{
     self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
     OutMode, Slot,
 };
-use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
+use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
@@ -108,7 +108,7 @@ fn weights(
     (bytes, deq)
 }
 
-/// The engine's keys for rows of `cols` columns (`model::matmul_key`): prefill, decode
+/// The engine's keys for rows of `cols` columns (`Kernels::matmul_key`): prefill, decode
 /// (the column split where the engine picks it), and the row-per-lane decode fallback.
 fn engine_keys(
     ks: &Kernels,
@@ -121,13 +121,13 @@ fn engine_keys(
         in_mode: modes.0,
         out_mode: modes.1,
         last_token_only: modes.1 == OutMode::Store,
-        split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
-        matmul_key(&v, Batch::Prefill, false, 0),
-        matmul_key(&v, Batch::Decode, false, 0),
-        matmul_key(&fallback, Batch::Decode, false, 0),
+        ks.matmul_key(&v, Batch::Prefill, false, 0),
+        ks.matmul_key(&v, Batch::Decode, false, 0),
+        ks.matmul_key(&fallback, Batch::Decode, false, 0),
     ];
     keys.sort_by_key(|k| (k.tb, k.split_k));
     keys.dedup();

@@ -29,7 +29,7 @@ use engine::kernels::{
     self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
     OutMode, Slot,
 };
-use engine::model::{matmul_key, Batch, MatmulVariant, DECODE_SHAPE};
+use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
@@ -148,7 +148,7 @@ fn assert_close_and_discriminating(
 }
 
 /// The engine's own keys for a dispatch over rows of `cols` columns
-/// (`model::matmul_key`): prefill, decode (with the column split the engine picks here)
+/// (`Kernels::matmul_key`): prefill, decode (with the column split the engine picks here)
 /// and the row-per-lane decode fallback. The logits are decode-shaped only.
 fn engine_keys(
     ks: &Kernels,
@@ -161,13 +161,13 @@ fn engine_keys(
         in_mode,
         out_mode,
         last_token_only: out_mode == OutMode::Store,
-        split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
-        matmul_key(&v, Batch::Prefill, false, 0),
-        matmul_key(&v, Batch::Decode, false, 0),
-        matmul_key(&fallback, Batch::Decode, false, 0),
+        ks.matmul_key(&v, Batch::Prefill, false, 0),
+        ks.matmul_key(&v, Batch::Decode, false, 0),
+        ks.matmul_key(&fallback, Batch::Decode, false, 0),
     ];
     keys.sort_by_key(|k| (k.tb, k.split_k));
     keys.dedup();

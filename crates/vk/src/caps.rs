@@ -5,6 +5,8 @@ use std::fmt;
 
 use ash::vk;
 
+pub use crate::subgroup::{SubgroupGuarantee, SubgroupSizeControl};
+
 /// Kind of physical device, as the driver reports it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeviceType {
@@ -142,6 +144,9 @@ pub struct Capabilities {
     pub subgroup_operations: Vec<&'static str>,
     /// Subgroup operations are available in compute shaders.
     pub subgroup_in_compute: bool,
+    /// Subgroup size control (Vulkan 1.3 core, or `VK_EXT_subgroup_size_control`): the
+    /// range and where a pipeline may require a size; `None` when the device has neither.
+    pub subgroup_size_control: Option<SubgroupSizeControl>,
     /// `timestampComputeAndGraphics`.
     pub timestamp_compute_and_graphics: bool,
     /// `timestampPeriod`: nanoseconds per timestamp tick.
@@ -215,6 +220,7 @@ pub(crate) fn read(
 ) -> Result<Capabilities, crate::VkError> {
     let exts = device_extensions(instance, pd)?;
     let external_memory_host = has_ext(&exts, ash::ext::external_memory_host::NAME);
+    let size_control_ext = has_ext(&exts, ash::ext::subgroup_size_control::NAME);
     // SAFETY: `pd` belongs to the live `instance`.
     let base = unsafe { instance.get_physical_device_properties(pd) };
     let api = base.api_version;
@@ -230,6 +236,9 @@ pub(crate) fn read(
     let mut maint4 = vk::PhysicalDeviceMaintenance4Properties::default();
     let mut sub = vk::PhysicalDeviceSubgroupProperties::default();
     let mut hostp = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
+    // The extension's struct only without Vulkan13Properties (which holds the same
+    // fields: chaining both is invalid).
+    let mut ssc = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
     let mut props2 = vk::PhysicalDeviceProperties2::default()
         .push_next(&mut maint3)
         .push_next(&mut sub);
@@ -242,6 +251,9 @@ pub(crate) fn read(
     if external_memory_host {
         props2 = props2.push_next(&mut hostp);
     }
+    if !v13 && size_control_ext {
+        props2 = props2.push_next(&mut ssc);
+    }
     // SAFETY: every struct chained is supported by the device's API version or extension.
     unsafe { instance.get_physical_device_properties2(pd, &mut props2) };
     let props = props2.properties;
@@ -251,12 +263,15 @@ pub(crate) fn read(
     let mut f11 = vk::PhysicalDeviceVulkan11Features::default();
     let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
     let mut f13 = vk::PhysicalDeviceVulkan13Features::default();
+    let mut fssc = vk::PhysicalDeviceSubgroupSizeControlFeatures::default();
     let mut feats2 = vk::PhysicalDeviceFeatures2::default();
     if v12 {
         feats2 = feats2.push_next(&mut f11).push_next(&mut f12);
     }
     if v13 {
         feats2 = feats2.push_next(&mut f13);
+    } else if size_control_ext {
+        feats2 = feats2.push_next(&mut fssc);
     }
     // SAFETY: as above.
     unsafe { instance.get_physical_device_features2(pd, &mut feats2) };
@@ -300,6 +315,32 @@ pub(crate) fn read(
             .iter()
             .filter(|t| t.device_local)
             .all(|t| t.host_visible);
+
+    let subgroup_size_control = if v13 {
+        Some(SubgroupSizeControl {
+            min: p13.min_subgroup_size,
+            max: p13.max_subgroup_size,
+            max_compute_workgroup_subgroups: p13.max_compute_workgroup_subgroups,
+            required_in_compute: p13
+                .required_subgroup_size_stages
+                .contains(vk::ShaderStageFlags::COMPUTE),
+            feature: f13.subgroup_size_control == vk::TRUE,
+            full_subgroups: f13.compute_full_subgroups == vk::TRUE,
+        })
+    } else if size_control_ext {
+        Some(SubgroupSizeControl {
+            min: ssc.min_subgroup_size,
+            max: ssc.max_subgroup_size,
+            max_compute_workgroup_subgroups: ssc.max_compute_workgroup_subgroups,
+            required_in_compute: ssc
+                .required_subgroup_size_stages
+                .contains(vk::ShaderStageFlags::COMPUTE),
+            feature: fssc.subgroup_size_control == vk::TRUE,
+            full_subgroups: fssc.compute_full_subgroups == vk::TRUE,
+        })
+    } else {
+        None
+    };
 
     let limits = &props.limits;
     let unsuitable = if !v12 {
@@ -356,6 +397,7 @@ pub(crate) fn read(
         subgroup_size: sub.subgroup_size,
         subgroup_operations: subgroup_ops(sub.supported_operations),
         subgroup_in_compute: sub.supported_stages.contains(vk::ShaderStageFlags::COMPUTE),
+        subgroup_size_control,
         timestamp_compute_and_graphics: limits.timestamp_compute_and_graphics == vk::TRUE,
         timestamp_period_ns: limits.timestamp_period,
         timestamp_valid_bits,
@@ -475,6 +517,19 @@ impl fmt::Display for Capabilities {
             yes(self.subgroup_in_compute),
             self.subgroup_operations.join(",")
         )?;
+        match &self.subgroup_size_control {
+            Some(c) => writeln!(
+                f,
+                "  subgroup size control        min {}, max {}, required in compute {}, full subgroups {}, feature {}, max {} per workgroup",
+                c.min,
+                c.max,
+                yes(c.required_in_compute),
+                yes(c.full_subgroups),
+                yes(c.feature),
+                c.max_compute_workgroup_subgroups
+            )?,
+            None => writeln!(f, "  subgroup size control        no")?,
+        }
         writeln!(
             f,
             "  timestamps                   {} bits, {} ns/tick",

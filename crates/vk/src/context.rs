@@ -266,8 +266,20 @@ impl Context {
             .storage_buffer8_bit_access(caps.storage_buffer_8bit)
             .shader_int8(caps.shader_int8)
             .shader_float16(caps.shader_float16);
+        // Subgroup size control, where the device has it, so that kernels which need a
+        // workgroup to be one subgroup can require their size (caps::one_subgroup_of).
+        let ssc = caps.subgroup_size_control.unwrap_or_default();
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default()
-            .shader_integer_dot_product(caps.integer_dot_product);
+            .shader_integer_dot_product(caps.integer_dot_product)
+            .subgroup_size_control(ssc.feature)
+            .compute_full_subgroups(ssc.full_subgroups);
+        let size_control_ext = !v13 && ssc.feature;
+        if size_control_ext {
+            ext_names.push(ash::ext::subgroup_size_control::NAME.as_ptr());
+        }
+        let mut fssc = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
+            .subgroup_size_control(ssc.feature)
+            .compute_full_subgroups(ssc.full_subgroups);
         let prio = [1.0f32];
         let qinfo = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(queue_family)
@@ -280,6 +292,8 @@ impl Context {
             .push_next(&mut f12);
         if v13 {
             dinfo = dinfo.push_next(&mut f13);
+        } else if size_control_ext {
+            dinfo = dinfo.push_next(&mut fssc);
         }
         // SAFETY: `pd` belongs to the instance; only supported features/extensions are enabled.
         let device =

@@ -21,12 +21,16 @@ mod error;
 mod import;
 mod kernels;
 mod pipeline;
+mod subgroup;
 pub mod testing;
 mod texel;
 
 pub use ash;
 pub use buffer::{Buffer, BufferBinding, BufferDesc, BufferRef, MemLocation};
-pub use caps::{Capabilities, DeviceType, MemoryHeapInfo, MemoryTypeInfo};
+pub use caps::{
+    Capabilities, DeviceType, MemoryHeapInfo, MemoryTypeInfo, SubgroupGuarantee,
+    SubgroupSizeControl,
+};
 pub use command::{CommandBuffer, QueryPool};
 pub use context::{default_device, enumerate_devices, Context, ContextOptions};
 pub use error::VkError;

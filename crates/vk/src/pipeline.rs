@@ -156,12 +156,53 @@ impl Pipeline {
         Pipeline::with_kinds(ctx, desc, &kinds)
     }
 
+    /// [`Pipeline::new`] for a kernel that needs each workgroup to be one subgroup of
+    /// `lanes` invocations: where the device guarantees that only when asked
+    /// ([`crate::SubgroupGuarantee::Required`]), the pipeline requires subgroups of
+    /// `lanes` and full subgroups; where the size is fixed at `lanes`, it is a plain
+    /// pipeline; elsewhere an error (the caller picks another kernel).
+    pub fn with_subgroup_size(
+        ctx: &Arc<Context>,
+        desc: &PipelineDesc,
+        lanes: u32,
+    ) -> Result<Pipeline, VkError> {
+        let reflected = desc.kernel.descriptor_kinds();
+        let kinds: Vec<DescriptorKind> = (0..desc.n_bindings as usize)
+            .map(|i| {
+                reflected
+                    .get(i)
+                    .copied()
+                    .unwrap_or(DescriptorKind::StorageBuffer)
+            })
+            .collect();
+        match ctx.caps().one_subgroup_of(lanes) {
+            Some(crate::SubgroupGuarantee::Required) => Pipeline::build(ctx, desc, &kinds, Some(lanes)),
+            Some(crate::SubgroupGuarantee::Fixed) => Pipeline::build(ctx, desc, &kinds, None),
+            None => Err(VkError::Pipeline {
+                kernel: desc.kernel.name(),
+                why: format!(
+                    "the device does not guarantee that a workgroup of {lanes} lanes is one subgroup"
+                ),
+            }),
+        }
+    }
+
     /// Builds a pipeline whose binding `i` has descriptor type `kinds[i]`
     /// (`kinds.len() == desc.n_bindings`).
     pub fn with_kinds(
         ctx: &Arc<Context>,
         desc: &PipelineDesc,
         kinds: &[DescriptorKind],
+    ) -> Result<Pipeline, VkError> {
+        Pipeline::build(ctx, desc, kinds, None)
+    }
+
+    /// The pipeline, with subgroups of `required_lanes` (and full subgroups) when given.
+    fn build(
+        ctx: &Arc<Context>,
+        desc: &PipelineDesc,
+        kinds: &[DescriptorKind],
+        required_lanes: Option<u32>,
     ) -> Result<Pipeline, VkError> {
         let kernel = desc.kernel.name();
         let bad = |why: String| VkError::Pipeline { kernel, why };
@@ -245,6 +286,16 @@ impl Pipeline {
             .name(c"main");
         if !desc.spec.is_empty() {
             stage = stage.specialization_info(&spec_info);
+        }
+        let mut required = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
+            .required_subgroup_size(required_lanes.unwrap_or(0));
+        if required_lanes.is_some() {
+            // `one_subgroup_of` checked the size range, compute in
+            // requiredSubgroupSizeStages and computeFullSubgroups; the context enabled both
+            // features.
+            stage = stage
+                .flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS)
+                .push_next(&mut required);
         }
         let cinfo = [vk::ComputePipelineCreateInfo::default()
             .stage(stage)

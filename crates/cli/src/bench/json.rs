@@ -171,8 +171,33 @@ pub fn to_json(b: &Bench, summary: &Summary) -> Value {
             .map(|p| procs_summary_json(b, p))
             .collect();
     }
+    // The speed figures by themselves, per arm: medians over the runs of time to first
+    // token, prefill and decode tok/s, and of the per-run prefill/decode ratio.
+    let speed: Map<String, Value> = b
+        .arms
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let med = |k: &str| {
+                first
+                    .and_then(|p| p.arms[i].get(k))
+                    .map_or(Value::Null, |s| json!(s.median))
+            };
+            (
+                a.name.clone(),
+                json!({
+                    "prompt_tokens": b.args.prompt_tokens,
+                    "ttft_ms": med("ttft_ms"),
+                    "prefill_tok_s": med("prefill_tok_s"),
+                    "decode_tok_s": med("decode_tok_s"),
+                    "prefill_over_decode": med("prefill_over_decode"),
+                }),
+            )
+        })
+        .collect();
     json!({
         "arms": arms,
+        "speed": speed,
         "device": first_stat(b, None, &["device"]),
         "driver": first_stat(b, None, &["driver", "driver_info", "driver_name"]),
         "backend": first_stat(b, None, &["backend"]),

@@ -1,5 +1,5 @@
-//! `--plot FILE.svg`: the A/B drawn with plotters' SVG backend: decode tok/s per arm
-//! (median bar, min-max whisker), the memory split per arm (medians of RssAnon, RssFile,
+//! `--plot FILE.svg`: the A/B drawn with plotters' SVG backend: decode tok/s, prefill
+//! tok/s and time to first token per arm (median bar, min-max whisker), the memory split per arm (medians of RssAnon, RssFile,
 //! Pss and device memory), and with `--procs`, the sum of Pss over N processes against N.
 
 use std::path::Path;
@@ -31,7 +31,8 @@ pub fn draw(b: &Bench, s: &Summary, path: &Path) -> Result<()> {
 }
 
 fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
-    let panels = if b.grouped { 3 } else { 2 };
+    // decode, prefill, time to first token, memory (and Pss against N)
+    let panels = if b.grouped { 5 } else { 4 };
     let root = SVGBackend::new(path, (480 * panels as u32, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = format!(
@@ -62,57 +63,31 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
         }
     };
 
-    // Decode tok/s per arm.
-    {
-        let spreads: Vec<_> = first
-            .arms
-            .iter()
-            .map(|a| a.get("decode_tok_s").copied())
-            .collect();
-        let ymax = spreads
-            .iter()
-            .flatten()
-            .map(|s| s.max)
-            .fold(0.0, f64::max)
-            .max(1e-3)
-            * 1.15;
-        let caption = if b.grouped {
-            format!("decode tok/s per process (N = {})", first.n)
-        } else {
-            "decode tok/s (median, min-max)".to_string()
-        };
-        let mut chart = ChartBuilder::on(&areas[0])
-            .caption(caption, ("sans-serif", 15))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(50)
-            .build_cartesian_2d(x_range.clone(), 0f64..ymax)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n_arms.max(2) * 2 + 1)
-            .x_label_formatter(&label_of)
-            .y_desc("tok/s")
-            .draw()?;
-        for (i, sp) in spreads.iter().enumerate() {
-            let Some(sp) = sp else { continue };
-            let x = i as f64;
-            let color = ARM_COLORS[i % ARM_COLORS.len()];
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(x - 0.3, 0.0), (x + 0.3, sp.median)],
-                color.filled(),
-            )))?;
-            chart.draw_series(std::iter::once(PathElement::new(
-                vec![(x, sp.min), (x, sp.max)],
-                BLACK.stroke_width(2),
-            )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                format!("{:.2}", sp.median),
-                (x - 0.27, sp.median + ymax * 0.07),
-                ("sans-serif", 13),
-            )))?;
-        }
+    // Decode tok/s, prefill tok/s and time to first token per arm.
+    let decode_caption = if b.grouped {
+        format!("decode tok/s per process (N = {})", first.n)
+    } else {
+        "decode tok/s (median, min-max)".to_string()
+    };
+    let prompt = b.args.prompt_tokens;
+    let speed = [
+        ("decode_tok_s", decode_caption, "tok/s"),
+        (
+            "prefill_tok_s",
+            format!("prefill tok/s, {prompt}-token prompt (median, min-max)"),
+            "tok/s",
+        ),
+        (
+            "ttft_ms",
+            format!("time to first token ms, {prompt} tokens (median, min-max)"),
+            "ms",
+        ),
+    ];
+    for (area, (key, caption, unit)) in areas.iter().zip(&speed) {
+        let spreads: Vec<_> = first.arms.iter().map(|a| a.get(key).copied()).collect();
+        spread_panel(area, &spreads, caption, unit, &x_range, n_arms, &label_of)?;
     }
+    let memory_area = &areas[speed.len()];
 
     // Memory split per arm.
     {
@@ -141,7 +116,7 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
             .fold(0.0, f64::max)
             .max(1.0)
             * 1.45;
-        let mut chart = ChartBuilder::on(&areas[1])
+        let mut chart = ChartBuilder::on(memory_area)
             .caption("memory per process (median, MiB)", ("sans-serif", 15))
             .margin(10)
             .x_label_area_size(30)
@@ -202,7 +177,7 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
             .flat_map(|(_, p)| p.iter().map(|&(_, y)| y))
             .fold(model_mib * nmax, f64::max)
             * 1.15;
-        let mut chart = ChartBuilder::on(&areas[2])
+        let mut chart = ChartBuilder::on(&areas[speed.len() + 1])
             .caption("sum of Pss over N processes (MiB)", ("sans-serif", 15))
             .margin(10)
             .x_label_area_size(30)
@@ -247,5 +222,56 @@ fn draw_inner(b: &Bench, s: &Summary, path: &Path) -> DrawResult {
             .draw()?;
     }
     root.present()?;
+    Ok(())
+}
+
+/// One bar per arm at its median with a min-max whisker, the median written above.
+fn spread_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    spreads: &[Option<super::stats::Spread>],
+    caption: &str,
+    unit: &str,
+    x_range: &std::ops::Range<f64>,
+    n_arms: usize,
+    label_of: &dyn Fn(&f64) -> String,
+) -> DrawResult {
+    let ymax = spreads
+        .iter()
+        .flatten()
+        .map(|s| s.max)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(x_range.clone(), 0f64..ymax)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n_arms.max(2) * 2 + 1)
+        .x_label_formatter(label_of)
+        .y_desc(unit)
+        .draw()?;
+    for (i, sp) in spreads.iter().enumerate() {
+        let Some(sp) = sp else { continue };
+        let x = i as f64;
+        let color = ARM_COLORS[i % ARM_COLORS.len()];
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(x - 0.3, 0.0), (x + 0.3, sp.median)],
+            color.filled(),
+        )))?;
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(x, sp.min), (x, sp.max)],
+            BLACK.stroke_width(2),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            format!("{:.2}", sp.median),
+            (x - 0.27, sp.median + ymax * 0.07),
+            ("sans-serif", 13),
+        )))?;
+    }
     Ok(())
 }

@@ -13,6 +13,7 @@ pub enum Unit {
     TokS,
     Kib,
     Bytes,
+    Ratio,
 }
 
 /// One per-run figure: its JSON key and how to label it.
@@ -50,6 +51,12 @@ pub const FIGURES: &[Figure] = &[
         key: "decode_tok_s",
         label: "decode tok/s",
         unit: Unit::TokS,
+    },
+    // Per run: prefill tok/s over decode tok/s (issue 14 asks for 5x at 512 tokens).
+    Figure {
+        key: "prefill_over_decode",
+        label: "prefill/decode tok/s",
+        unit: Unit::Ratio,
     },
     Figure {
         key: "rss_anon_kb",
@@ -109,6 +116,7 @@ impl Unit {
             Unit::TokS => format!("{v:.2}"),
             Unit::Kib => format!("{:.1}", v / 1024.0),
             Unit::Bytes => format!("{:.1}", v / (1024.0 * 1024.0)),
+            Unit::Ratio => format!("{v:.2}"),
         }
     }
 }
@@ -119,6 +127,10 @@ pub fn run_value(r: &RunRecord, key: &str) -> Option<f64> {
     match key {
         "peak_rss_kb" => stats.get("vm_hwm_kb")?.as_f64(),
         "file_resident_at_start_bytes" => r.residency_at_start.map(|x| x.resident_bytes as f64),
+        "prefill_over_decode" => {
+            let d = stats.get("decode_tok_s")?.as_f64()?;
+            (d > 0.0).then_some(stats.get("prefill_tok_s")?.as_f64()? / d)
+        }
         _ => stats.get(key)?.as_f64(),
     }
 }

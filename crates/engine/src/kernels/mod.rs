@@ -20,6 +20,7 @@ mod embed;
 mod heads;
 mod matmul;
 mod post_norm;
+mod shapes;
 mod softcap;
 
 pub use argmax::*;
@@ -28,6 +29,7 @@ pub use embed::*;
 pub use heads::*;
 pub use matmul::*;
 pub use post_norm::*;
+pub use shapes::*;
 pub use softcap::*;
 
 use std::collections::HashMap;
@@ -133,10 +135,21 @@ pub struct Kernels {
     softcap: Option<Pipeline>,
     /// Whether one-token matmuls may split columns across lanes ([`Kernels::column_split`]).
     column_split: bool,
+    /// The device's matmul shapes ([`Shapes::choose`]).
+    shapes: Shapes,
 }
 
 impl Kernels {
+    /// The pipelines of `ctx`'s device, with the shapes its capabilities call for
+    /// (`VKDECODE_SHAPES=generic` forces the generic entry).
     pub fn new(ctx: &Arc<vk::Context>) -> Result<Kernels, EngineError> {
+        let choice = ShapeChoice::from_env().map_err(EngineError::Input)?;
+        let shapes = Shapes::choose(ctx.caps(), choice);
+        tracing::info!(
+            shapes = shapes.name,
+            subgroup = ctx.caps().subgroup_size,
+            "matmul shapes"
+        );
         let argmax = Pipeline::new(
             ctx,
             &PipelineDesc {
@@ -156,7 +169,48 @@ impl Kernels {
             post_norm: None,
             softcap: None,
             column_split: true,
+            shapes,
         })
+    }
+
+    /// The matmul shapes in use.
+    pub fn shapes(&self) -> &Shapes {
+        &self.shapes
+    }
+
+    /// Uses `shapes` for every matmul built afterwards (pipelines are keyed by shape, so
+    /// call it before building the model).
+    pub fn set_shapes(&mut self, shapes: Shapes) {
+        self.shapes = shapes;
+    }
+
+    /// The matmul pipeline key of a dispatch of variant `v` for a batch kind, in this
+    /// device's shapes.
+    pub fn matmul_key(
+        &self,
+        v: &crate::model::MatmulVariant,
+        batch: Batch,
+        neox: bool,
+        head_dim: u32,
+    ) -> MatmulKey {
+        let shape = self.shapes.of(batch, v.last_token_only);
+        let qkv_neox = v.out_mode == OutMode::Qkv && neox;
+        let pairs = if qkv_neox {
+            // a workgroup must hold whole heads so that both rows of a pair are its own
+            (head_dim / (2 * shape.wg)).max(1)
+        } else {
+            shape.pairs
+        };
+        MatmulKey {
+            wtype: v.wtype,
+            in_mode: v.in_mode,
+            out_mode: v.out_mode,
+            neox: qkv_neox,
+            wg: shape.wg,
+            pairs,
+            tb: shape.tb,
+            split_k: if shape.tb == 1 { v.split_k } else { 0 },
+        }
     }
 
     /// [`MatmulKey::split_k`] for a one-token matmul over `ncols` columns with `wg`
@@ -175,12 +229,11 @@ impl Kernels {
         0
     }
 
-    /// Whether `wg` lanes (one subgroup) can split rows on this device.
+    /// Whether workgroups of `wg` lanes can split rows: the shapes in use split with
+    /// that many lanes, and the device guarantees such a workgroup is one subgroup with
+    /// subgroup arithmetic ([`vk::Capabilities::one_subgroup_of`]).
     fn can_split(&self, wg: u32) -> bool {
-        let caps = self.ctx.caps();
-        caps.subgroup_in_compute
-            && caps.subgroup_operations.contains(&"arithmetic")
-            && caps.subgroup_size >= wg
+        self.shapes.split_lanes == Some(wg) && self.ctx.caps().one_subgroup_of(wg).is_some()
     }
 
     /// Turns the column split off (every matmul built afterwards has lanes own rows):
@@ -228,15 +281,18 @@ impl Kernels {
             )));
         }
         if !self.matmul.contains_key(&key) {
-            let p = Pipeline::new(
-                &self.ctx,
-                &PipelineDesc {
-                    kernel: key.kernel()?,
-                    n_bindings: MATMUL_BINDINGS,
-                    push_size: std::mem::size_of::<MatmulPush>() as u32,
-                    spec: vec![key.wg, key.pairs],
-                },
-            )?;
+            let desc = PipelineDesc {
+                kernel: key.kernel()?,
+                n_bindings: MATMUL_BINDINGS,
+                push_size: std::mem::size_of::<MatmulPush>() as u32,
+                spec: vec![key.wg, key.pairs],
+            };
+            let p = if key.split_k > 0 {
+                // one subgroup per workgroup: required of the device where it must be asked
+                Pipeline::with_subgroup_size(&self.ctx, &desc, key.wg)?
+            } else {
+                Pipeline::new(&self.ctx, &desc)?
+            };
             self.matmul.insert(key, p);
         }
         Ok(&self.matmul[&key])

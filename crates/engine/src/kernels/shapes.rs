@@ -1,0 +1,246 @@
+//! The matmul shapes a device runs: one table of entries per device class, chosen once
+//! from the capabilities record ([`Shapes::choose`]), so nothing else in the engine
+//! assumes a subgroup or workgroup size.
+//!
+//! - [`LAVAPIPE`]: tuned on lavapipe (Mesa's CPU Vulkan) with 8-lane subgroups: 8-lane
+//!   workgroups (a workgroup is a CPU work unit there) and the column-split decode matvec
+//!   (`matmul_split.comp`), which reduces a row with one `subgroupAdd` and so needs each
+//!   8-lane workgroup to be exactly one subgroup. Chosen for CPU devices that guarantee
+//!   that ([`vk::Capabilities::one_subgroup_of`]: size fixed at 8, or settable to 8).
+//! - [`GENERIC`]: wide workgroups, lanes own rows, no subgroup operation: correct on any
+//!   subgroup size (lavapipe's 4 and 16 included), the entry for GPUs until one is
+//!   measured, and what `VKDECODE_SHAPES=generic` forces (tests, A/B).
+
+use vk::{Capabilities, DeviceType, SubgroupGuarantee};
+
+/// Workgroup shape of one kind of batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    /// Invocations per workgroup.
+    pub wg: u32,
+    /// Row pairs per invocation.
+    pub pairs: u32,
+    /// Tokens per invocation (1 or 4: `MATMUL_TB`).
+    pub tb: u32,
+}
+
+/// One token at a time (decode) vs a batch of prompt tokens (prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    Decode,
+    Prefill,
+}
+
+/// The shapes of one device class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shapes {
+    /// The entry's name (`lavapipe`, `generic`), printed by `vkdecode info`.
+    pub name: &'static str,
+    /// One token (decode, and the logits of a prefill).
+    pub decode: MatmulShape,
+    /// A batch of prompt tokens.
+    pub prefill: MatmulShape,
+    /// Lanes of a column-split workgroup (one subgroup), when the entry uses the column
+    /// split; `None`: lanes own rows.
+    pub split_lanes: Option<u32>,
+}
+
+/// lavapipe with 8-lane subgroups. Decode: 8 lanes × 8 row pairs = 128 rows per
+/// workgroup, one token (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s
+/// median of 7, Q8_0), two pairs in lockstep (against one: 20.8 vs 18.9 tok/s, median of
+/// 5 alternating runs). Prefill: each weight chunk loaded is used for 4 tokens (about 60
+/// against 50 tok/s over a 200-token prompt).
+pub const LAVAPIPE: Shapes = Shapes {
+    name: "lavapipe",
+    decode: MatmulShape {
+        wg: 8,
+        pairs: 8,
+        tb: 1,
+    },
+    prefill: MatmulShape {
+        wg: 8,
+        pairs: 4,
+        tb: 4,
+    },
+    split_lanes: Some(8),
+};
+
+/// Any device: 64-lane workgroups (a multiple of every common subgroup size and within
+/// the 128 invocations every Vulkan device allows), two row pairs per lane (the pairs
+/// `matmul.comp` runs in lockstep; one would leave half its work unstored), 256 rows per
+/// workgroup, no subgroup operations.
+pub const GENERIC: Shapes = Shapes {
+    name: "generic",
+    decode: MatmulShape {
+        wg: 64,
+        pairs: 2,
+        tb: 1,
+    },
+    prefill: MatmulShape {
+        wg: 64,
+        pairs: 2,
+        tb: 4,
+    },
+    split_lanes: None,
+};
+
+/// The table [`Shapes::choose`] picks from, first match wins ([`GENERIC`] matches all).
+pub const TABLE: [Shapes; 2] = [LAVAPIPE, GENERIC];
+
+/// Which entry to use: the device's ([`ShapeChoice::Auto`]) or one forced by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShapeChoice {
+    #[default]
+    Auto,
+    /// [`GENERIC`], whatever the device.
+    Generic,
+}
+
+impl ShapeChoice {
+    /// From `VKDECODE_SHAPES` (`auto`, unset or empty: [`ShapeChoice::Auto`]; `generic`).
+    pub fn from_env() -> Result<ShapeChoice, String> {
+        match std::env::var("VKDECODE_SHAPES") {
+            Err(_) => Ok(ShapeChoice::Auto),
+            Ok(v) => match v.trim() {
+                "" | "auto" => Ok(ShapeChoice::Auto),
+                "generic" => Ok(ShapeChoice::Generic),
+                other => Err(format!(
+                    "VKDECODE_SHAPES={other}: expected `auto` or `generic`"
+                )),
+            },
+        }
+    }
+}
+
+impl Shapes {
+    /// Whether this entry fits the device: its workgroups within the limits, and where it
+    /// splits columns, a device that guarantees one subgroup per workgroup of that many
+    /// lanes (the tuned entry also only on CPU devices, where it was measured).
+    pub fn fits(&self, caps: &Capabilities) -> bool {
+        let wg_ok = |s: &MatmulShape| {
+            s.wg <= caps.max_compute_work_group_size[0]
+                && s.wg <= caps.max_compute_work_group_invocations
+        };
+        if !wg_ok(&self.decode) || !wg_ok(&self.prefill) {
+            return false;
+        }
+        match self.split_lanes {
+            None => true,
+            Some(lanes) => {
+                caps.device_type == DeviceType::Cpu && caps.one_subgroup_of(lanes).is_some()
+            }
+        }
+    }
+
+    /// The entry for a device: the first of [`TABLE`] that fits, or [`GENERIC`] when
+    /// forced (or when nothing fits: a device below Vulkan's minimum limits).
+    pub fn choose(caps: &Capabilities, choice: ShapeChoice) -> Shapes {
+        match choice {
+            ShapeChoice::Generic => GENERIC,
+            ShapeChoice::Auto => TABLE
+                .iter()
+                .copied()
+                .find(|s| s.fits(caps))
+                .unwrap_or(GENERIC),
+        }
+    }
+
+    /// The shape of a batch kind (`last_token_only` matmuls of a prefill, the logits,
+    /// run the decode shape).
+    pub fn of(&self, batch: Batch, last_token_only: bool) -> MatmulShape {
+        match batch {
+            Batch::Prefill if !last_token_only => self.prefill,
+            _ => self.decode,
+        }
+    }
+
+    /// How the column split's workgroups are made one subgroup on this device (`None`:
+    /// the entry does not split).
+    pub fn split_guarantee(&self, caps: &Capabilities) -> Option<SubgroupGuarantee> {
+        self.split_lanes.and_then(|l| caps.one_subgroup_of(l))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vk::SubgroupSizeControl;
+
+    fn cpu(subgroup: u32, control: Option<SubgroupSizeControl>) -> Capabilities {
+        Capabilities {
+            device_type: DeviceType::Cpu,
+            subgroup_size: subgroup,
+            subgroup_in_compute: true,
+            subgroup_operations: vec!["basic", "arithmetic"],
+            subgroup_size_control: control,
+            max_compute_work_group_size: [1024, 1024, 64],
+            max_compute_work_group_invocations: 1024,
+            ..Capabilities::default()
+        }
+    }
+
+    fn control(min: u32, max: u32, required: bool) -> Option<SubgroupSizeControl> {
+        Some(SubgroupSizeControl {
+            min,
+            max,
+            max_compute_workgroup_subgroups: 32,
+            required_in_compute: required,
+            feature: true,
+            full_subgroups: true,
+        })
+    }
+
+    /// lavapipe at its three vector widths (subgroups of 4, 8, 16, fixed): only 8 gets the
+    /// tuned shapes; a device that can be asked for 8 lanes gets them too.
+    #[test]
+    fn the_column_split_needs_a_guaranteed_8_lane_subgroup() {
+        let auto = ShapeChoice::Auto;
+        assert_eq!(Shapes::choose(&cpu(8, control(8, 8, true)), auto), LAVAPIPE);
+        assert_eq!(Shapes::choose(&cpu(8, None), auto), LAVAPIPE);
+        assert_eq!(Shapes::choose(&cpu(4, control(4, 4, true)), auto), GENERIC);
+        assert_eq!(
+            Shapes::choose(&cpu(16, control(16, 16, true)), auto),
+            GENERIC
+        );
+        assert_eq!(Shapes::choose(&cpu(16, None), auto), GENERIC);
+        // a range including 8, requirable in compute
+        let c = cpu(16, control(4, 16, true));
+        assert_eq!(Shapes::choose(&c, auto), LAVAPIPE);
+        assert_eq!(c.one_subgroup_of(8), Some(SubgroupGuarantee::Required));
+        // the same range, but compute may not require a size: not guaranteed
+        assert_eq!(
+            Shapes::choose(&cpu(16, control(4, 16, false)), auto),
+            GENERIC
+        );
+        // a varying size that happens to default to 8 is not a guarantee
+        assert_eq!(
+            Shapes::choose(&cpu(8, control(4, 16, false)), auto),
+            GENERIC
+        );
+        // no subgroup arithmetic
+        let mut c = cpu(8, None);
+        c.subgroup_operations = vec!["basic"];
+        assert_eq!(Shapes::choose(&c, auto), GENERIC);
+        // forced
+        assert_eq!(Shapes::choose(&cpu(8, None), ShapeChoice::Generic), GENERIC);
+    }
+
+    /// The tuned entry is lavapipe's: a GPU with 8-lane subgroups still gets the generic
+    /// wide workgroups; limits below an entry's workgroup rule it out.
+    #[test]
+    fn gpus_get_the_generic_entry() {
+        let mut gpu = cpu(8, control(8, 32, true));
+        gpu.device_type = DeviceType::Integrated;
+        assert_eq!(Shapes::choose(&gpu, ShapeChoice::Auto), GENERIC);
+        let mut small = cpu(8, None);
+        small.max_compute_work_group_size = [4, 4, 4];
+        assert!(!LAVAPIPE.fits(&small) && !GENERIC.fits(&small));
+    }
+
+    #[test]
+    fn batch_kinds_map_to_their_shapes() {
+        assert_eq!(LAVAPIPE.of(Batch::Prefill, false), LAVAPIPE.prefill);
+        assert_eq!(LAVAPIPE.of(Batch::Prefill, true), LAVAPIPE.decode);
+        assert_eq!(GENERIC.of(Batch::Decode, false), GENERIC.decode);
+    }
+}
