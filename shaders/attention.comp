@@ -2,7 +2,8 @@
 // Causal attention of a batch of tokens over the KV cache, with grouped-query heads.
 // CPU twin: reference::kernels::attention (softmax(q·K^T / sqrt(head_dim)) · V).
 // One workgroup per (head, token); token t sits at position pos0 + t and attends to
-// positions 0..=pos0+t, whose keys and values are already in the caches.
+// positions 0..=pos0+t, whose keys and values are already in the caches (from row kv0:
+// a slot's own rows).
 //
 // Each lane takes every gl_WorkGroupSize.x-th position and keeps a running softmax of its
 // own (maximum, sum of weights, weighted sum of values), rescaled whenever its maximum
@@ -59,7 +60,7 @@ void main() {
         o[j] = vec4(0.0);
     }
     for (uint p = l; p < n_pos; p += wg) {
-        int ko = int(p * kv_q + kvh * HQ);
+        int ko = int((step_kv0 + p) * kv_q + kvh * HQ);
         float s = 0.0;
         for (uint j = 0u; j < HQ; j++) {
             vec4 k = texelFetch(kc4, ko + int(j));

@@ -27,6 +27,7 @@ pub mod pagecache;
 pub mod profile;
 pub mod sampling;
 pub mod session;
+pub mod slots;
 mod step;
 mod views;
 pub use generate::{
@@ -34,3 +35,7 @@ pub use generate::{
 };
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
+pub use slots::{
+    Admission, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo, SlotsOptions,
+    StepReport, Usage,
+};

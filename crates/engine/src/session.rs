@@ -28,8 +28,13 @@ pub const PREFILL_CHUNK: usize = 64;
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
     pub weights: ResidencyOptions,
-    /// Positions the KV cache holds (prompt + generated tokens).
+    /// Positions the KV cache holds (prompt + generated tokens), per slot.
     pub ctx_len: usize,
+    /// Independent sequences (slots) over the one set of weights and pipelines: each has
+    /// its own `ctx_len` rows of every layer's KV cache (rows `slot·ctx_len..`) and its own
+    /// position; [`Session::select_slot`] picks the one the next calls work on. 1 for a
+    /// plain session.
+    pub slots: usize,
     /// Ablation: submit and wait after every layer (a host drain), as a naive runtime does.
     pub sync_each_layer: bool,
     /// Record GPU timestamps around every dispatch of a decode token.
@@ -44,6 +49,7 @@ impl Default for SessionOptions {
         SessionOptions {
             weights: ResidencyOptions::default(),
             ctx_len: 2048,
+            slots: 1,
             sync_each_layer: false,
             profile: false,
             column_split: true,
@@ -82,7 +88,10 @@ pub struct Session {
     cfg: Config,
     ctx: Arc<vk::Context>,
     ctx_len: usize,
-    pos: usize,
+    /// Next position of each slot (tokens in its part of the cache).
+    pos: Vec<usize>,
+    /// The slot `prefill`/`decode_*` work on.
+    slot: usize,
     /// Host copy of the logits, allocated once.
     logits_host: Vec<f32>,
     /// Host copy of the residual dumps (observer), allocated once.
@@ -110,9 +119,24 @@ impl Session {
                 "the context length must be at least 1".into(),
             ));
         }
+        if opts.slots == 0 {
+            return Err(EngineError::Input("a session needs at least 1 slot".into()));
+        }
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
+        // every slot's rows of the KV cache lie in one buffer per layer (so one dispatch
+        // can reach any slot's rows: the step buffer's kv0 says where a batch's rows start)
+        let cache_rows = ctx_len
+            .checked_mul(opts.slots)
+            .filter(|&r| u32::try_from(r).is_ok())
+            .ok_or_else(|| EngineError::ContextTooLarge {
+                ctx_len,
+                why: format!(
+                    "{} slots of {ctx_len} positions overflow 32 bits",
+                    opts.slots
+                ),
+            })?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
-        let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
+        let acts = Activations::new(&ctx, &cfg, cache_rows, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
@@ -146,7 +170,8 @@ impl Session {
             cfg,
             ctx,
             ctx_len,
-            pos: 0,
+            pos: vec![0; opts.slots],
+            slot: 0,
             counters: Counters::default(),
             profile_names: Vec::new(),
             profile_bytes: Vec::new(),
@@ -185,19 +210,57 @@ impl Session {
         &self.ctx
     }
 
-    /// Next position to be written (tokens in the cache).
+    /// Next position to be written in the current slot (tokens in its cache).
     pub fn pos(&self) -> usize {
-        self.pos
+        self.pos[self.slot]
     }
 
-    /// Positions the cache holds.
+    /// Positions the cache holds (per slot).
     pub fn ctx_len(&self) -> usize {
         self.ctx_len
     }
 
-    /// Starts a new sequence (the cache is overwritten as it refills).
+    /// Starts a new sequence in the current slot (its cache is overwritten as it refills).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.pos[self.slot] = 0;
+    }
+
+    /// Slots (independent sequences) this session holds.
+    pub fn slots(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// The slot `prefill` and `decode_*` work on.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Makes `slot` the one the next `prefill`/`decode_*`/`pos`/`reset` calls work on.
+    /// Its cache rows and position are kept as they were.
+    pub fn select_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+        if slot >= self.pos.len() {
+            return Err(EngineError::Input(format!(
+                "slot {slot} does not exist (the session has {})",
+                self.pos.len()
+            )));
+        }
+        self.slot = slot;
+        Ok(())
+    }
+
+    /// Drops the current slot's positions from `pos` on, keeping `0..pos` (a cached
+    /// prefix); the next token fed goes to `pos`. Positions past the current one are
+    /// refused (they hold nothing).
+    pub fn truncate(&mut self, pos: usize) -> Result<(), EngineError> {
+        let cur = self.pos[self.slot];
+        if pos > cur {
+            return Err(EngineError::Input(format!(
+                "cannot truncate slot {} to position {pos}: it holds {cur}",
+                self.slot
+            )));
+        }
+        self.pos[self.slot] = pos;
+        Ok(())
     }
 
     pub fn counters(&self) -> Counters {
@@ -288,9 +351,9 @@ impl Session {
     }
 
     fn check_room(&self, n: usize) -> Result<(), EngineError> {
-        if self.pos + n > self.ctx_len {
+        if self.pos() + n > self.ctx_len {
             return Err(EngineError::ContextFull {
-                pos: self.pos,
+                pos: self.pos(),
                 n,
                 ctx_len: self.ctx_len,
             });
@@ -312,8 +375,9 @@ impl Session {
     fn write_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
         self.check_tokens(tokens)?;
         let header = StepHeader {
-            pos0: self.pos as u32,
-            pad: [0; 3],
+            pos0: self.pos() as u32,
+            kv0: (self.slot * self.ctx_len) as u32,
+            pad: [0; 2],
         };
         self.acts.step.write(0, std::slice::from_ref(&header))?;
         self.acts.step.write(kernels::STEP_TOKENS_OFFSET, tokens)?;
@@ -331,7 +395,7 @@ impl Session {
             model: &self.model,
             acts: &self.acts,
             cfg: &self.cfg,
-            ctx_len: self.ctx_len,
+            ctx_len: self.ctx_len * self.pos.len(),
             n_tok: tokens.len() as u32,
             batch: Batch::Prefill,
             profile: None,
@@ -340,7 +404,7 @@ impl Session {
         self.prefill_cmd.end()?;
         self.ctx.submit_and_wait(&self.prefill_cmd)?;
         self.counters.host_waits += 1;
-        self.pos += tokens.len();
+        self.pos[self.slot] += tokens.len();
         Ok(())
     }
 
@@ -367,7 +431,7 @@ impl Session {
                 model: &self.model,
                 acts: &self.acts,
                 cfg: &self.cfg,
-                ctx_len: self.ctx_len,
+                ctx_len: self.ctx_len * self.pos.len(),
                 n_tok: 1,
                 batch: Batch::Decode,
                 profile,
@@ -391,7 +455,7 @@ impl Session {
 
     /// One decode step: write the step buffer, submit, wait (once per command buffer).
     fn decode(&mut self, token: u32) -> Result<(), EngineError> {
-        let _span = debug_span!("decode", pos = self.pos).entered();
+        let _span = debug_span!("decode", slot = self.slot, pos = self.pos()).entered();
         self.check_room(1)?;
         self.write_step(&[token])?;
         for cmd in &self.decode_cmds {
@@ -403,7 +467,7 @@ impl Session {
             let ts = q.read_ns(0, n as u32 + 1)?;
             self.last_profile = Some(per_kernel(&self.profile_names, &self.profile_bytes, &ts));
         }
-        self.pos += 1;
+        self.pos[self.slot] += 1;
         self.counters.decoded_tokens += 1;
         Ok(())
     }
@@ -416,7 +480,7 @@ impl Session {
         self.counters.bytes_read_back += 4;
         if r[0] & ARGMAX_NON_FINITE != 0 {
             return Err(EngineError::NonFiniteLogits {
-                pos: self.pos.saturating_sub(1),
+                pos: self.pos().saturating_sub(1),
             });
         }
         Ok(r[0])

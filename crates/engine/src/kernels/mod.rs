@@ -45,7 +45,10 @@ pub const MAX_REDUCE_WG: u32 = 256;
 pub struct StepHeader {
     /// Position of the batch's first token.
     pub pos0: u32,
-    pub pad: [u32; 3],
+    /// KV-cache row of position 0: the first row of the slot the batch belongs to
+    /// (`slot * ctx_len`; 0 for a one-slot session).
+    pub kv0: u32,
+    pub pad: [u32; 2],
 }
 const _: () = assert!(std::mem::size_of::<StepHeader>() == 16);
 /// Byte offset of the token ids in the step buffer.
