@@ -228,7 +228,8 @@ struct Slot {
     /// Tokens whose K/V are in this slot's rows `0..cached.len()` (its position).
     cached: Vec<u32>,
     job: Option<Job>,
-    /// Step count when it was last submitted to (least recently used wins ties).
+    /// The request count when it was last submitted to, 0 if never (least recently used
+    /// wins ties in [`Slots::pick_slot`]).
     last_used: u64,
 }
 
@@ -448,9 +449,9 @@ impl Slots {
         self.session.truncate(reused)?;
         let s = &mut self.slots[slot];
         s.cached.truncate(reused);
-        s.last_used = self.counters.steps;
         let to_prefill = req.prompt.len() - reused;
         self.counters.requests += 1;
+        s.last_used = self.counters.requests;
         self.counters.prompt_tokens += req.prompt.len() as u64;
         self.counters.reused_tokens += reused as u64;
         s.job = Some(Job::new(req, reused));
