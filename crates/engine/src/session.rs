@@ -21,6 +21,8 @@ use crate::profile::{dispatch_weight_bytes, per_kernel};
 use crate::residency::{ResidencyOptions, Weights};
 use crate::EngineError;
 
+mod batch;
+
 /// Most prompt tokens one prefill submission processes (longer prompts go in chunks).
 pub const PREFILL_CHUNK: usize = 64;
 
@@ -80,6 +82,8 @@ pub struct Counters {
 pub struct Session {
     decode_cmds: Vec<CommandBuffer>,
     prefill_cmd: CommandBuffer,
+    /// The batched decode step (several slots, one submit: batch.rs).
+    batch: batch::BatchOut,
     query: Option<QueryPool>,
     model: GpuModel,
     kernels: Kernels,
@@ -124,7 +128,7 @@ impl Session {
         }
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
         // every slot's rows of the KV cache lie in one buffer per layer (so one dispatch
-        // can reach any slot's rows: the step buffer's kv0 says where a batch's rows start)
+        // can reach any slot's rows: the step buffer gives each token its position and row)
         let cache_rows = ctx_len
             .checked_mul(opts.slots)
             .filter(|&r| u32::try_from(r).is_ok())
@@ -160,6 +164,7 @@ impl Session {
         let mut session = Session {
             decode_cmds: Vec::new(),
             prefill_cmd: CommandBuffer::new(&ctx)?,
+            batch: batch::BatchOut::new(&ctx, opts.slots, cfg.vocab_size)?,
             query,
             model,
             kernels,
@@ -371,16 +376,40 @@ impl Session {
         Ok(())
     }
 
-    /// Writes the position and token ids the next submission reads.
+    /// Writes the token ids the next submission reads, at consecutive positions of the
+    /// current slot.
     fn write_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
-        self.check_tokens(tokens)?;
+        let pos0 = self.pos();
+        let items: Vec<(u32, usize, usize)> = (tokens.iter().enumerate())
+            .map(|(t, &id)| (id, self.slot, pos0 + t))
+            .collect();
+        self.write_step_items(&items)
+    }
+
+    /// Writes a batch's (token id, slot, position) triples: token ids, positions and cache
+    /// rows (`slot·ctx_len + position`) in the step buffer.
+    fn write_step_items(&mut self, items: &[(u32, usize, usize)]) -> Result<(), EngineError> {
+        let ids: Vec<u32> = items.iter().map(|i| i.0).collect();
+        self.check_tokens(&ids)?;
+        if items.len() > kernels::STEP_MAX_BATCH {
+            return Err(EngineError::Input(format!(
+                "a batch of {} tokens (the step buffer holds {})",
+                items.len(),
+                kernels::STEP_MAX_BATCH
+            )));
+        }
         let header = StepHeader {
-            pos0: self.pos() as u32,
-            kv0: (self.slot * self.ctx_len) as u32,
-            pad: [0; 2],
+            pos0: items.first().map_or(0, |i| i.2 as u32),
+            pad: [0; 3],
         };
+        let pos: Vec<u32> = items.iter().map(|i| i.2 as u32).collect();
+        let rows: Vec<u32> = (items.iter())
+            .map(|i| (i.1 * self.ctx_len + i.2) as u32)
+            .collect();
         self.acts.step.write(0, std::slice::from_ref(&header))?;
-        self.acts.step.write(kernels::STEP_TOKENS_OFFSET, tokens)?;
+        self.acts.step.write(kernels::STEP_TOKENS_OFFSET, &ids)?;
+        self.acts.step.write(kernels::STEP_POS_OFFSET, &pos)?;
+        self.acts.step.write(kernels::STEP_ROW_OFFSET, &rows)?;
         Ok(())
     }
 
@@ -399,6 +428,7 @@ impl Session {
             n_tok: tokens.len() as u32,
             batch: Batch::Prefill,
             profile: None,
+            head_row: None,
         };
         rec.forward(head, dump)?;
         self.prefill_cmd.end()?;
@@ -435,6 +465,7 @@ impl Session {
                 n_tok: 1,
                 batch: Batch::Decode,
                 profile,
+                head_row: None,
             };
             if n_cmds == 1 {
                 rec.forward(Head::LogitsArgmax, false)?;

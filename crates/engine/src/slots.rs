@@ -3,8 +3,8 @@
 //!
 //! One [`Slots`] holds ONE [`Session`]: one mapping (or copy) of the weights, one set of
 //! pipelines and descriptor sets, and a KV cache with `ctx` rows per slot in one buffer
-//! per layer (slot `s` owns rows `s·ctx..(s+1)·ctx`; the step buffer's `kv0` tells the
-//! kernels where a batch's rows start). Each slot has its own position, its own cached
+//! per layer (slot `s` owns rows `s·ctx..(s+1)·ctx`; the step buffer gives each token its
+//! position and cache row). Each slot has its own position, its own cached
 //! token list and at most one request at a time.
 //!
 //! ```no_run
@@ -31,14 +31,17 @@
 //! ([`Usage`], [`SlotCounters`]) say how many prompt tokens were prefilled vs reused.
 //!
 //! **Stepping.** [`Slots::step`] gives every busy slot one unit of work: the next chunk
-//! (up to [`crate::session::PREFILL_CHUNK`] tokens) of its prompt, or one decoded token.
-//! So a long prompt is prefilled in chunks between the other slots' tokens. Today the
-//! slots of a step run one after another, each as one submit through the same recorded
-//! command buffers a one-slot session uses; so a slot's results never depend on what
-//! runs beside it (batch-invariant by construction). The next step (issue 15's core) is
-//! ONE submit advancing every decoding slot as a small matrix-matrix product; the pieces
-//! it needs are in place: all slots' rows in one cache buffer per layer, and a cache row
-//! base (`kv0`) in the step buffer, to be widened to a per-token (position, row) pair.
+//! (up to [`crate::session::PREFILL_CHUNK`] tokens) of its prompt, one submit per slot,
+//! so a long prompt is prefilled in chunks between the other slots' tokens; then every
+//! decoding slot's chosen token is fed in ONE submit ([`Session::decode_batch`]): the
+//! slots' tokens are one batch, each with its own position and cache row in the step
+//! buffer, so every layer's matmuls are a small matrix-matrix product over the slots and
+//! the weights are read once per step whatever the concurrency (the logits head runs once
+//! per slot). Batch-invariant: each token's rows are reduced in the same order at any
+//! batch size and the head uses the same pipeline for every slot, so a slot's tokens do
+//! not depend on what runs beside it (tested). With [`SlotsOptions::batched`] off, each
+//! decoding slot is its own submit through the one-token pipelines instead, which is
+//! exactly how the one-shot [`crate::Generator`] decodes.
 //!
 //! **Events.** A step reports, per slot, [`SlotEvent::Token`] (each token kept),
 //! [`SlotEvent::Text`] (text ready to show: stop strings are held back while they may
@@ -73,6 +76,11 @@ pub struct SlotsOptions {
     pub device: Option<usize>,
     /// Weights residency and kernel options; `ctx_len` and `slots` are replaced.
     pub session: SessionOptions,
+    /// Decode every decoding slot in ONE submit (the default; batch-invariant: a slot's
+    /// tokens are the same whatever runs beside it). Off: one submit per slot through the
+    /// one-token decode pipelines, exactly as the one-shot generator decodes (`vkdecode
+    /// chat` uses this, so its answers equal `vkdecode -p`'s).
+    pub batched: bool,
 }
 
 impl Default for SlotsOptions {
@@ -82,6 +90,7 @@ impl Default for SlotsOptions {
             ctx: CtxRequest::Default(2048),
             device: None,
             session: SessionOptions::default(),
+            batched: true,
         }
     }
 }
@@ -241,6 +250,7 @@ pub struct Slots {
     slots: Vec<Slot>,
     info: SlotsInfo,
     counters: SlotCounters,
+    batched: bool,
 }
 
 impl Slots {
@@ -291,10 +301,12 @@ impl Slots {
             ctx_note: choice.note,
             load_ms: start.elapsed().as_secs_f64() * 1e3,
         };
-        Ok(Slots::from_session(session, tok, template, info))
+        let mut slots = Slots::from_session(session, tok, template, info);
+        slots.batched = opts.batched;
+        Ok(slots)
     }
 
-    /// Slots over an existing session (one slot per session slot).
+    /// Slots over an existing session (one slot per session slot), batched.
     pub fn from_session(
         session: Session,
         tok: Arc<Tokenizer>,
@@ -315,6 +327,7 @@ impl Slots {
             slots,
             info,
             counters: SlotCounters::default(),
+            batched: true,
         }
     }
 
@@ -477,10 +490,12 @@ impl Slots {
         Ok(())
     }
 
-    /// Gives every busy slot one unit of work (a prompt chunk or one token), in slot
-    /// order, reporting what happened through `on_event`. A failure inside one slot
-    /// (non-finite logits, a sampler with nothing to draw) finishes that slot with the
-    /// error in its [`Completion`]; only a device failure is returned as `Err`.
+    /// Gives every busy slot one unit of work and reports what happened through
+    /// `on_event`: slots still prefilling get their next prompt chunk (one submit each);
+    /// then every decoding slot is fed its chosen token: batched (the default), all of
+    /// them in ONE submit ([`Session::decode_batch`]), else one submit per slot. A failure
+    /// inside one slot (non-finite logits, a sampler with nothing to draw) finishes that
+    /// slot with the error in its [`Completion`]; only a device failure is an `Err`.
     pub fn step(
         &mut self,
         on_event: &mut dyn FnMut(SlotEvent<'_>),
@@ -488,47 +503,119 @@ impl Slots {
         let _span = info_span!("slots_step", busy = self.busy()).entered();
         self.counters.steps += 1;
         let mut report = StepReport::default();
+        let mut decoding = Vec::new();
         for i in 0..self.slots.len() {
-            let Some(mut job) = self.slots[i].job.take() else {
+            let Some(job) = &self.slots[i].job else {
                 continue;
             };
-            self.session.select_slot(i)?;
-            let outcome = job.advance(
-                &mut self.session,
-                &self.tok,
-                &mut self.slots[i].cached,
-                &mut report,
-                &mut |e| forward_event(i, e, on_event),
-            );
-            let done = match outcome {
-                Ok(ControlFlow::Continue(())) => None,
-                Ok(ControlFlow::Break(stop)) => Some((stop, None)),
-                Err(GenerateError::Engine(e)) if is_device_failure(&e) => {
-                    return Err(GenerateError::Engine(e))
-                }
-                Err(e) => {
-                    // what the cache holds after a failed step is unknown: start over
-                    self.session.reset();
-                    self.slots[i].cached.clear();
-                    Some((StopReason::Cancelled, Some(e.to_string())))
-                }
-            };
-            match done {
-                None => self.slots[i].job = Some(job),
-                Some((stop, error)) => {
-                    let completion =
-                        job.finish(stop, error, &mut |e| forward_event(i, e, on_event));
-                    self.counters.prefilled_tokens += completion.usage.prefilled_tokens as u64;
-                    self.counters.generated_tokens += completion.usage.generated_tokens as u64;
-                    report.finished += 1;
-                    on_event(SlotEvent::Done {
-                        slot: i,
-                        completion: &completion,
-                    });
-                }
+            if job.cancel {
+                self.settle(
+                    i,
+                    Ok(ControlFlow::Break(StopReason::Cancelled)),
+                    &mut report,
+                    on_event,
+                )?;
+            } else if job.decoding() {
+                decoding.push(i);
+            } else {
+                self.session.select_slot(i)?;
+                let slot = &mut self.slots[i];
+                let job = slot.job.as_mut().expect("busy");
+                let outcome =
+                    match job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report) {
+                        Ok(Some(next)) => Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
+                            forward_event(i, e, on_event)
+                        })),
+                        Ok(None) => Ok(ControlFlow::Continue(())),
+                        Err(e) => Err(e),
+                    };
+                self.settle(i, outcome, &mut report, on_event)?;
             }
         }
+        if decoding.is_empty() {
+            return Ok(report);
+        }
+        if !self.batched {
+            for i in decoding {
+                self.session.select_slot(i)?;
+                let slot = &mut self.slots[i];
+                let job = slot.job.as_mut().expect("busy");
+                let outcome = job
+                    .decode_one(&mut self.session, &mut slot.cached, &mut report)
+                    .map(|next| {
+                        job.keep(&self.session, &self.tok, next, &mut |e| {
+                            forward_event(i, e, on_event)
+                        })
+                    });
+                self.settle(i, outcome, &mut report, on_event)?;
+            }
+            return Ok(report);
+        }
+        let mut items = Vec::with_capacity(decoding.len());
+        let mut keep_logits = false;
+        for &i in &decoding {
+            let job = self.slots[i].job.as_ref().expect("busy");
+            let token = job.to_feed().expect("a decoding slot has a token to feed");
+            items.push((i, token));
+            keep_logits |= !job.greedy();
+        }
+        self.session.decode_batch(&items, keep_logits)?;
+        for (k, &i) in decoding.iter().enumerate() {
+            let slot = &mut self.slots[i];
+            let job = slot.job.as_mut().expect("busy");
+            let chosen = job.fed_token(&mut slot.cached, &mut report).and_then(|_| {
+                if job.greedy() {
+                    Ok(self.session.batch_argmax(k, i)?)
+                } else {
+                    let pos = slot.cached.len() - 1;
+                    let logits = self.session.batch_logits(k)?;
+                    job.sample(logits, pos)
+                }
+            });
+            self.session.select_slot(i)?;
+            let outcome = chosen.map(|next| {
+                job.keep(&self.session, &self.tok, next, &mut |e| {
+                    forward_event(i, e, on_event)
+                })
+            });
+            self.settle(i, outcome, &mut report, on_event)?;
+        }
         Ok(report)
+    }
+
+    /// After slot `i`'s unit of work: keep its job running, or finish it (a `Done`
+    /// event). A device failure is returned; any other error finishes the slot.
+    fn settle(
+        &mut self,
+        i: usize,
+        outcome: Result<ControlFlow<StopReason>, GenerateError>,
+        report: &mut StepReport,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Result<(), GenerateError> {
+        let (stop, error) = match outcome {
+            Ok(ControlFlow::Continue(())) => return Ok(()),
+            Ok(ControlFlow::Break(stop)) => (stop, None),
+            Err(GenerateError::Engine(e)) if is_device_failure(&e) => {
+                return Err(GenerateError::Engine(e))
+            }
+            Err(e) => {
+                // what the cache holds after a failed step is unknown: start over
+                self.session.select_slot(i)?;
+                self.session.reset();
+                self.slots[i].cached.clear();
+                (StopReason::Cancelled, Some(e.to_string()))
+            }
+        };
+        let job = self.slots[i].job.take().expect("busy");
+        let completion = job.finish(stop, error, &mut |e| forward_event(i, e, on_event));
+        self.counters.prefilled_tokens += completion.usage.prefilled_tokens as u64;
+        self.counters.generated_tokens += completion.usage.generated_tokens as u64;
+        report.finished += 1;
+        on_event(SlotEvent::Done {
+            slot: i,
+            completion: &completion,
+        });
+        Ok(())
     }
 }
 

@@ -21,10 +21,11 @@ fn open() -> Arc<gguf::GgufFile> {
     Arc::new(gguf::GgufFile::open(model_path("SmolLM2-135M-Instruct.Q8_0.gguf")).unwrap())
 }
 
-fn slots(file: &Arc<gguf::GgufFile>, n: usize) -> Slots {
+fn slots(file: &Arc<gguf::GgufFile>, n: usize, batched: bool) -> Slots {
     let opts = SlotsOptions {
         slots: n,
         ctx: engine::generate::CtxRequest::Exact(512),
+        batched,
         ..Default::default()
     };
     Slots::load(file, &opts).unwrap()
@@ -86,17 +87,19 @@ fn prompt_b(s: &Slots) -> Vec<u32> {
     ids
 }
 
-#[test]
-fn two_slots_interleaved_give_the_ids_of_each_alone() {
+/// Slots interleaved give each slot's ids alone, batched (one submit per step) or not;
+/// one slot unbatched gives the one-shot generator's ids.
+fn interleaved_vs_alone(batched: bool) {
     let file = open();
-    let mut s = slots(&file, 2);
-    assert_eq!(s.n_slots(), 2);
+    let mut s = slots(&file, 3, batched);
+    assert_eq!(s.n_slots(), 3);
     let info = s.info().clone();
     assert_eq!(info.ctx_per_slot, 512);
-    assert_eq!(info.kv_bytes, 2 * info.kv_bytes_per_slot);
+    assert_eq!(info.kv_bytes, 3 * info.kv_bytes_per_slot);
     // SmolLM2: 30 layers, 3 kv heads x 64, f32 keys and values
     assert_eq!(info.kv_bytes_per_slot, 2 * 30 * 512 * 192 * 4);
     let (a, b) = (prompt_a(&s), prompt_b(&s));
+    let c = s.tokenize("def fibonacci(n):", false).unwrap();
     let sampled = SamplerOptions {
         temperature: 0.9,
         seed: 7,
@@ -105,23 +108,34 @@ fn two_slots_interleaved_give_the_ids_of_each_alone() {
     for sampler in [SamplerOptions::greedy(), sampled] {
         let ra = request(a.clone(), 24, sampler.clone());
         let rb = request(b.clone(), 20, sampler.clone());
-        // each alone, in the slot the other uses below too
+        let rc = request(c.clone(), 12, sampler.clone());
+        // each alone, in a slot another one uses below
         let a_alone = alone(&mut s, 1, ra.clone());
-        let b_alone = alone(&mut s, 0, rb.clone());
+        let b_alone = alone(&mut s, 2, rb.clone());
+        let c_alone = alone(&mut s, 0, rc.clone());
         assert_eq!(a_alone.usage.generated_tokens, 24);
         assert_eq!(a_alone.ids.len(), 24);
-        // together: A's tokens decode while B's prompt is still being prefilled
-        s.clear(0).unwrap();
-        s.clear(1).unwrap();
+        // together: A's tokens decode while B's prompt is still being prefilled, and C
+        // finishes first (the batch shrinks from 3 to 2)
+        for slot in 0..3 {
+            s.clear(slot).unwrap();
+        }
         s.submit(0, ra).unwrap();
         s.submit(1, rb).unwrap();
+        s.submit(2, rc).unwrap();
         let (done, text) = run_all(&mut s);
-        let (a_both, b_both) = (done[0].clone().unwrap(), done[1].clone().unwrap());
-        assert_eq!(a_both.ids, a_alone.ids, "slot A beside B ({sampler:?})");
-        assert_eq!(b_both.ids, b_alone.ids, "slot B beside A ({sampler:?})");
+        let both: Vec<Completion> = done.into_iter().map(Option::unwrap).collect();
+        assert_eq!(both[0].ids, a_alone.ids, "slot A beside B, C ({sampler:?})");
+        assert_eq!(both[1].ids, b_alone.ids, "slot B beside A, C ({sampler:?})");
+        assert_eq!(both[2].ids, c_alone.ids, "slot C beside A, B ({sampler:?})");
         assert_eq!(text[0], a_alone.text);
         assert_eq!(text[1], b_alone.text);
-        assert_eq!(a_both.finish_reason(), "length");
+        assert_eq!(both[0].finish_reason(), "length");
+    }
+    if batched {
+        // the batched step is measured against the GPU's own one-slot runs above, and
+        // against the f32 reference in batched_step_matches_the_reference
+        return;
     }
 
     // and the same ids as the one-shot generator on a session of its own
@@ -142,9 +156,19 @@ fn two_slots_interleaved_give_the_ids_of_each_alone() {
 }
 
 #[test]
+fn slots_interleaved_batched_give_the_ids_of_each_alone() {
+    interleaved_vs_alone(true);
+}
+
+#[test]
+fn slots_interleaved_unbatched_give_the_ids_of_each_alone_and_of_the_generator() {
+    interleaved_vs_alone(false);
+}
+
+#[test]
 fn a_second_turn_prefills_only_its_new_tokens() {
     let file = open();
-    let mut s = slots(&file, 2);
+    let mut s = slots(&file, 2, false);
     let user1 = Message::new("user", "What is the capital of France?");
     let p1 = s.chat_prompt(std::slice::from_ref(&user1)).unwrap();
     s.submit(0, request(p1.clone(), 32, SamplerOptions::greedy()))
@@ -211,7 +235,7 @@ fn a_second_turn_prefills_only_its_new_tokens() {
 #[test]
 fn pick_cancel_and_refusals() {
     let file = open();
-    let mut s = slots(&file, 3);
+    let mut s = slots(&file, 3, true);
     let (a, b) = (prompt_a(&s), prompt_b(&s));
     alone(&mut s, 0, request(a.clone(), 4, SamplerOptions::greedy()));
     alone(&mut s, 2, request(b.clone(), 4, SamplerOptions::greedy()));
@@ -274,4 +298,67 @@ fn pick_cancel_and_refusals() {
     assert_eq!(c.stop, StopReason::ContextFull);
     assert_eq!(c.finish_reason(), "length");
     assert!(s.cached(1).len() < 512);
+}
+
+/// Largest |gpu - reference| logit allowed (as model_smollm.rs: logits are O(10)).
+const TOL: f32 = 0.002;
+
+/// Two slots at different positions advanced by `Session::decode_batch` (one submit per
+/// step, per-token positions and cache rows), on a validating context: every slot's
+/// logits against the f32 reference's for its own sequence; then the same batch with
+/// the slots' order swapped gives bit-identical logits (batch invariance).
+#[test]
+fn batched_step_matches_the_reference() {
+    let Some(ctx) = common::ctx() else { return };
+    let file = open();
+    let opts = engine::SessionOptions {
+        ctx_len: 64,
+        slots: 2,
+        ..Default::default()
+    };
+    let mut s = engine::Session::new(ctx.clone(), file.clone(), &opts).unwrap();
+    let model = reference::Model::load(&file).unwrap();
+    let prompts: [&[u32]; 2] = [
+        &[504, 3575, 282, 4649, 314],
+        &[1604, 3987, 46477, 24, 94, 727, 28],
+    ];
+    let mut states: Vec<reference::State> = (0..2)
+        .map(|_| reference::State::new(model.config(), 64))
+        .collect();
+    let mut next = [0u32; 2];
+    for (slot, p) in prompts.iter().enumerate() {
+        s.select_slot(slot).unwrap();
+        s.prefill(p).unwrap();
+        for (pos, &t) in p.iter().enumerate() {
+            reference::forward(&model, &mut states[slot], t, pos, &mut |_, _| {}).unwrap();
+        }
+        next[slot] = s.last_argmax().unwrap();
+    }
+    let mut worst = 0.0f32;
+    let mut pos = [prompts[0].len(), prompts[1].len()];
+    for _ in 0..4 {
+        let items = [(0usize, next[0]), (1usize, next[1])];
+        s.decode_batch(&items, true).unwrap();
+        for (k, &(slot, token)) in items.iter().enumerate() {
+            let at = pos[slot];
+            pos[slot] += 1;
+            let want = reference::forward(&model, &mut states[slot], token, at, &mut |_, _| {})
+                .unwrap()
+                .to_vec();
+            let got = s.batch_logits(k).unwrap().to_vec();
+            let d = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            worst = worst.max(d);
+            assert!(
+                d < TOL,
+                "slot {slot} at position {at}: max |gpu - ref| = {d}"
+            );
+            next[slot] = s.batch_argmax(k, slot).unwrap();
+        }
+    }
+    println!("batched step: max |gpu - reference| logit = {worst}");
+    common::assert_no_validation_errors(&ctx);
 }

@@ -1,7 +1,8 @@
 //! One slot's request while it runs: the prompt suffix still to prefill, the sampler, the
 //! token chosen but not yet fed, and the output with its stop strings. The same decisions
 //! as [`crate::Generator::generate`], taken one unit of work (a prompt chunk or a token)
-//! per [`super::Slots::step`].
+//! per [`super::Slots::step`]; the step runs the GPU work (alone or batched) and hands
+//! each chosen token to [`Job::keep`].
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -51,71 +52,94 @@ impl Job {
         }
     }
 
-    /// One unit of work on `session` (whose current slot is this job's): the next prompt
-    /// chunk, or feeding the last chosen token; then the next token is chosen and checked
-    /// against the stop conditions. `cached` is the slot's token list, kept in step with
-    /// its cache. `Break` carries why the request is over.
-    pub fn advance(
+    /// Whether the prompt is in and a chosen token waits to be fed (a decode step).
+    pub fn decoding(&self) -> bool {
+        self.fed == self.prompt.len() && self.next.is_some()
+    }
+
+    pub fn greedy(&self) -> bool {
+        self.sampler.is_greedy()
+    }
+
+    /// The token the next decode step feeds.
+    pub fn to_feed(&self) -> Option<u32> {
+        self.next
+    }
+
+    /// Prefills the next prompt chunk on `session` (whose current slot is this job's);
+    /// after the last chunk, the first token chosen.
+    pub fn prefill_chunk(
         &mut self,
         session: &mut Session,
-        tok: &Tokenizer,
         cached: &mut Vec<u32>,
         report: &mut StepReport,
-        emit: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<StopReason>, GenerateError> {
-        if self.cancel {
-            return Ok(ControlFlow::Break(StopReason::Cancelled));
+    ) -> Result<Option<u32>, GenerateError> {
+        let end = (self.fed + PREFILL_CHUNK).min(self.prompt.len());
+        let chunk = &self.prompt[self.fed..end];
+        session.prefill(chunk)?;
+        cached.extend_from_slice(chunk);
+        report.prefilled += chunk.len();
+        self.fed = end;
+        if end < self.prompt.len() {
+            return Ok(None);
         }
-        let greedy = self.sampler.is_greedy();
-        let next = if self.fed < self.prompt.len() {
-            let end = (self.fed + PREFILL_CHUNK).min(self.prompt.len());
-            let chunk = &self.prompt[self.fed..end];
-            session.prefill(chunk)?;
-            cached.extend_from_slice(chunk);
-            report.prefilled += chunk.len();
-            self.fed = end;
-            if end < self.prompt.len() {
-                return Ok(ControlFlow::Continue(()));
-            }
-            if greedy {
-                session.last_argmax()?
-            } else {
-                let pos = session.pos();
-                let logits = session.last_logits()?;
-                check_finite(logits, pos)?;
-                self.sampler.sample(logits)?
-            }
+        let next = if self.greedy() {
+            session.last_argmax()?
         } else {
-            let Some(t) = self.next.take() else {
-                return Err(GenerateError::Input(
-                    "internal: a decoding slot has no token to feed".into(),
-                ));
-            };
-            let next = if greedy {
-                session.decode_argmax(t)?
-            } else {
-                let pos = session.pos();
-                let logits = session.decode_logits(t)?;
-                check_finite(logits, pos)?;
-                self.sampler.sample(logits)?
-            };
-            cached.push(t);
-            report.decoded += 1;
-            next
+            let pos = session.pos();
+            let logits = session.last_logits()?;
+            self.sample(logits, pos)?
         };
-        self.first_token.get_or_insert_with(Instant::now);
-        Ok(self.keep(session, tok, next, emit))
+        Ok(Some(next))
+    }
+
+    /// Feeds the chosen token on `session` alone (one submit for this slot) and
+    /// chooses the next.
+    pub fn decode_one(
+        &mut self,
+        session: &mut Session,
+        cached: &mut Vec<u32>,
+        report: &mut StepReport,
+    ) -> Result<u32, GenerateError> {
+        let t = self.fed_token(cached, report)?;
+        if self.greedy() {
+            return Ok(session.decode_argmax(t)?);
+        }
+        let pos = session.pos();
+        let logits = session.decode_logits(t)?;
+        self.sample(logits, pos)
+    }
+
+    /// Records that the chosen token was fed (by a batched step or [`Job::decode_one`]).
+    pub fn fed_token(
+        &mut self,
+        cached: &mut Vec<u32>,
+        report: &mut StepReport,
+    ) -> Result<u32, GenerateError> {
+        let t = self.next.take().ok_or_else(|| {
+            GenerateError::Input("internal: a decoding slot has no token to feed".into())
+        })?;
+        cached.push(t);
+        report.decoded += 1;
+        Ok(t)
+    }
+
+    /// Draws the next token from `logits` (of the token at `pos`).
+    pub fn sample(&mut self, logits: &[f32], pos: usize) -> Result<u32, GenerateError> {
+        check_finite(logits, pos)?;
+        Ok(self.sampler.sample(logits)?)
     }
 
     /// The stop conditions for a chosen token, in the generator's order; a token that
     /// does not stop the request is fed at the next step.
-    fn keep(
+    pub fn keep(
         &mut self,
         session: &Session,
         tok: &Tokenizer,
         next: u32,
         emit: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     ) -> ControlFlow<StopReason> {
+        self.first_token.get_or_insert_with(Instant::now);
         if tok.is_eog(next) && !self.ignore_eos {
             return ControlFlow::Break(StopReason::Eog);
         }
