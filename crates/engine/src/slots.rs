@@ -331,6 +331,12 @@ impl Slots {
         }
     }
 
+    /// Switches between the batched decode step and one submit per slot (see
+    /// [`SlotsOptions::batched`]); for A/B runs.
+    pub fn set_batched(&mut self, batched: bool) {
+        self.batched = batched;
+    }
+
     /// Sizes and paths, as loaded.
     pub fn info(&self) -> &SlotsInfo {
         &self.info
