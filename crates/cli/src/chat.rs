@@ -151,6 +151,7 @@ pub fn run(args: Args) -> Result<()> {
         // one submit per token through the one-token pipelines: the answers are those
         // of `vkdecode -p` on the same rendered prompt
         batched: false,
+        ..Default::default()
     };
     let mut slots = engine::Slots::load(&file, &opts)?;
     if slots.template().is_none() {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use engine::{Request, SamplerOptions, SlotEvent, Slots, SlotsOptions};
+use engine::{BatchKernel, Request, SamplerOptions, SlotEvent, Slots, SlotsOptions};
 
 /// Decode tok/s of `prompts` run together (greedy, `tokens` each, end of generation
 /// ignored), timed from the step after the last prefill to the end.
@@ -65,18 +65,34 @@ fn main() {
                 s.tokenize(&text, false).unwrap()
             })
             .collect();
-        let one = decode_tok_s(&mut s, &prompts[..1], tokens);
-        let batched = decode_tok_s(&mut s, &prompts, tokens);
-        s.set_batched(false);
-        let one_unbatched = decode_tok_s(&mut s, &prompts[..1], tokens);
-        let unbatched = decode_tok_s(&mut s, &prompts, tokens);
-        [one, batched, one_unbatched, unbatched]
+        let mut rows = Vec::new();
+        for (name, batched, kernel) in [
+            (
+                "batched step, matrix-matrix kernel",
+                true,
+                BatchKernel::MatrixMatrix,
+            ),
+            (
+                "batched step, one-token kernel",
+                true,
+                BatchKernel::PerToken,
+            ),
+            ("one submit per slot", false, BatchKernel::MatrixMatrix),
+        ] {
+            s.set_batched(batched);
+            s.set_batch_kernel(kernel);
+            let one = decode_tok_s(&mut s, &prompts[..1], tokens);
+            let all = decode_tok_s(&mut s, &prompts, tokens);
+            rows.push((name, one, all));
+        }
+        rows
     });
-    let [one, batched, one_unbatched, unbatched] = worker.join().unwrap();
+    let rows = worker.join().unwrap();
     println!("{n} slots, {tokens} tokens each: decode tok/s of all slots together");
-    println!(
-        "  batched step (one submit per step):  1 slot {one:7.1}, {n} slots {batched:7.1} ({:.2}x)",
-        batched / one
-    );
-    println!("  one submit per slot:                 1 slot {one_unbatched:7.1}, {n} slots {unbatched:7.1} ({:.2}x)", unbatched / one_unbatched);
+    for (name, one, all) in rows {
+        println!(
+            "  {name:36} 1 slot {one:7.1}, {n} slots {all:7.1} ({:.2}x)",
+            all / one
+        );
+    }
 }

@@ -36,6 +36,6 @@ pub use generate::{
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
 pub use slots::{
-    Admission, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo, SlotsOptions,
-    StepReport, Usage,
+    Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo,
+    SlotsOptions, StepReport, Usage,
 };

@@ -64,8 +64,8 @@ use crate::generate::{chat_prompt_ids, Event, GenerateError, StopReason};
 use crate::session::{Session, SessionOptions};
 use job::Job;
 pub use types::{
-    Admission, Completion, Request, SlotCounters, SlotEvent, SlotsInfo, SlotsOptions, StepReport,
-    Usage,
+    Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, SlotsInfo, SlotsOptions,
+    StepReport, Usage,
 };
 
 /// One slot: what its cache holds, and its request if it has one.
@@ -87,6 +87,7 @@ pub struct Slots {
     info: SlotsInfo,
     counters: SlotCounters,
     batched: bool,
+    batch_kernel: BatchKernel,
 }
 
 impl Slots {
@@ -139,6 +140,7 @@ impl Slots {
         };
         let mut slots = Slots::from_session(session, tok, template, info);
         slots.batched = opts.batched;
+        slots.batch_kernel = opts.batch_kernel;
         Ok(slots)
     }
 
@@ -164,6 +166,7 @@ impl Slots {
             info,
             counters: SlotCounters::default(),
             batched: true,
+            batch_kernel: BatchKernel::MatrixMatrix,
         }
     }
 
@@ -171,6 +174,11 @@ impl Slots {
     /// [`SlotsOptions::batched`]); for A/B runs.
     pub fn set_batched(&mut self, batched: bool) {
         self.batched = batched;
+    }
+
+    /// Switches the batched step's matmul kernel (see [`BatchKernel`]); for A/B runs.
+    pub fn set_batch_kernel(&mut self, kernel: BatchKernel) {
+        self.batch_kernel = kernel;
     }
 
     /// Sizes and paths, as loaded.
@@ -401,7 +409,8 @@ impl Slots {
             items.push((i, token));
             keep_logits |= !job.greedy();
         }
-        self.session.decode_batch(&items, keep_logits)?;
+        let mm = self.batch_kernel == BatchKernel::MatrixMatrix;
+        self.session.decode_batch(&items, keep_logits, mm)?;
         for (k, &i) in decoding.iter().enumerate() {
             let slot = &mut self.slots[i];
             let job = slot.job.as_mut().expect("busy");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::model_path;
 use engine::generate::{load, LoadOptions};
 use engine::{
-    Completion, GenerateOptions, Generator, Request, SamplerOptions, SlotEvent, Slots,
+    BatchKernel, Completion, GenerateOptions, Generator, Request, SamplerOptions, SlotEvent, Slots,
     SlotsOptions, StopReason,
 };
 use tokenizer::Message;
@@ -26,6 +26,7 @@ fn slots(file: &Arc<gguf::GgufFile>, n: usize, batched: bool) -> Slots {
         slots: n,
         ctx: engine::generate::CtxRequest::Exact(512),
         batched,
+        batch_kernel: BatchKernel::MatrixMatrix,
         ..Default::default()
     };
     Slots::load(file, &opts).unwrap()
@@ -87,11 +88,13 @@ fn prompt_b(s: &Slots) -> Vec<u32> {
     ids
 }
 
-/// Slots interleaved give each slot's ids alone, batched (one submit per step) or not;
-/// one slot unbatched gives the one-shot generator's ids.
-fn interleaved_vs_alone(batched: bool) {
+/// Slots interleaved give each slot's ids alone, batched (one submit per step, either
+/// kernel) or not; one slot through the one-token kernel (unbatched, or batched with
+/// `PerToken`) gives the one-shot generator's ids.
+fn interleaved_vs_alone(batched: bool, kernel: BatchKernel) {
     let file = open();
     let mut s = slots(&file, 3, batched);
+    s.set_batch_kernel(kernel);
     assert_eq!(s.n_slots(), 3);
     let info = s.info().clone();
     assert_eq!(info.ctx_per_slot, 512);
@@ -132,9 +135,10 @@ fn interleaved_vs_alone(batched: bool) {
         assert_eq!(text[1], b_alone.text);
         assert_eq!(both[0].finish_reason(), "length");
     }
-    if batched {
-        // the batched step is measured against the GPU's own one-slot runs above, and
-        // against the f32 reference in batched_step_matches_the_reference
+    if batched && kernel == BatchKernel::MatrixMatrix {
+        // the matrix-matrix step reduces differently from the one-token decode: it is
+        // checked against the GPU's own one-slot runs above, and against the f32
+        // reference in batched_step_matches_the_reference
         return;
     }
 
@@ -157,12 +161,17 @@ fn interleaved_vs_alone(batched: bool) {
 
 #[test]
 fn slots_interleaved_batched_give_the_ids_of_each_alone() {
-    interleaved_vs_alone(true);
+    interleaved_vs_alone(true, BatchKernel::MatrixMatrix);
+}
+
+#[test]
+fn slots_interleaved_batched_per_token_give_the_ids_of_each_alone_and_of_the_generator() {
+    interleaved_vs_alone(true, BatchKernel::PerToken);
 }
 
 #[test]
 fn slots_interleaved_unbatched_give_the_ids_of_each_alone_and_of_the_generator() {
-    interleaved_vs_alone(false);
+    interleaved_vs_alone(false, BatchKernel::MatrixMatrix);
 }
 
 #[test]
@@ -304,9 +313,8 @@ fn pick_cancel_and_refusals() {
 const TOL: f32 = 0.002;
 
 /// Two slots at different positions advanced by `Session::decode_batch` (one submit per
-/// step, per-token positions and cache rows), on a validating context: every slot's
-/// logits against the f32 reference's for its own sequence; then the same batch with
-/// the slots' order swapped gives bit-identical logits (batch invariance).
+/// step, per-token positions and cache rows), with either matmul kernel, on a validating
+/// context: every slot's logits against the f32 reference's for its own sequence.
 #[test]
 fn batched_step_matches_the_reference() {
     let Some(ctx) = common::ctx() else { return };
@@ -318,6 +326,13 @@ fn batched_step_matches_the_reference() {
     };
     let mut s = engine::Session::new(ctx.clone(), file.clone(), &opts).unwrap();
     let model = reference::Model::load(&file).unwrap();
+    for mm in [true, false] {
+        reference_run(&mut s, &model, mm);
+    }
+    common::assert_no_validation_errors(&ctx);
+}
+
+fn reference_run(s: &mut engine::Session, model: &reference::Model, mm: bool) {
     let prompts: [&[u32]; 2] = [
         &[504, 3575, 282, 4649, 314],
         &[1604, 3987, 46477, 24, 94, 727, 28],
@@ -328,9 +343,10 @@ fn batched_step_matches_the_reference() {
     let mut next = [0u32; 2];
     for (slot, p) in prompts.iter().enumerate() {
         s.select_slot(slot).unwrap();
+        s.reset();
         s.prefill(p).unwrap();
         for (pos, &t) in p.iter().enumerate() {
-            reference::forward(&model, &mut states[slot], t, pos, &mut |_, _| {}).unwrap();
+            reference::forward(model, &mut states[slot], t, pos, &mut |_, _| {}).unwrap();
         }
         next[slot] = s.last_argmax().unwrap();
     }
@@ -338,11 +354,11 @@ fn batched_step_matches_the_reference() {
     let mut pos = [prompts[0].len(), prompts[1].len()];
     for _ in 0..4 {
         let items = [(0usize, next[0]), (1usize, next[1])];
-        s.decode_batch(&items, true).unwrap();
+        s.decode_batch(&items, true, mm).unwrap();
         for (k, &(slot, token)) in items.iter().enumerate() {
             let at = pos[slot];
             pos[slot] += 1;
-            let want = reference::forward(&model, &mut states[slot], token, at, &mut |_, _| {})
+            let want = reference::forward(model, &mut states[slot], token, at, &mut |_, _| {})
                 .unwrap()
                 .to_vec();
             let got = s.batch_logits(k).unwrap().to_vec();
@@ -359,6 +375,5 @@ fn batched_step_matches_the_reference() {
             next[slot] = s.batch_argmax(k, slot).unwrap();
         }
     }
-    println!("batched step: max |gpu - reference| logit = {worst}");
-    common::assert_no_validation_errors(&ctx);
+    println!("batched step (matrix-matrix: {mm}): max |gpu - reference| logit = {worst}");
 }

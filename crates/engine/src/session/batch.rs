@@ -4,11 +4,13 @@
 //! own position and cache row in the step buffer (`STEP_POS`, `STEP_ROW`), so rope, the
 //! cache write and attention stay inside its slot.
 //!
-//! Batch-invariant: the layers run the prefill-shaped matmul (tokens in independent
-//! accumulators, each row reduced in the same order for any batch size), attention is
-//! one workgroup per (head, token), and the head (logits + argmax) runs once per token
-//! with the same one-token pipeline whatever the batch. A slot's results are therefore
-//! the same alone or beside others, as long as every step goes through here.
+//! Batch-invariant: the layers run one matmul pipeline whatever the batch size (the
+//! prefill-shaped matrix-matrix one, tokens in independent accumulators, or the one-token
+//! decode one, a workgroup row per token), each row reduced in the same order for any
+//! batch; attention is one workgroup per (head, token), and the head (logits + argmax)
+//! runs once per token with the one-token pipeline. A slot's results are therefore the
+//! same alone or beside others, as long as every step goes through here; with the
+//! one-token matmul they are also those of a lone `decode_*` (the one-shot generator).
 
 use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation};
 
@@ -61,10 +63,13 @@ impl Session {
     /// item in ONE submit; afterwards [`Session::batch_argmax`] / [`Session::batch_logits`]
     /// give item `i`'s next-token prediction (`keep_logits` copies the logits too). The
     /// slots must differ and have room; at most `min(slots, STEP_MAX_BATCH)` items.
+    /// `matrix_matrix`: the layers' matmuls read each weight chunk once per 4 tokens (the
+    /// prefill kernel); else once per token through the one-token decode kernel.
     pub fn decode_batch(
         &mut self,
         items: &[(usize, u32)],
         keep_logits: bool,
+        matrix_matrix: bool,
     ) -> Result<(), EngineError> {
         let _span = tracing::debug_span!("decode_batch", n = items.len()).entered();
         let cap = self.pos.len().min(STEP_MAX_BATCH);
@@ -104,7 +109,11 @@ impl Session {
             cfg: &self.cfg,
             ctx_len: self.ctx_len * self.pos.len(),
             n_tok,
-            batch: Batch::Prefill,
+            batch: if matrix_matrix {
+                Batch::Prefill
+            } else {
+                Batch::Decode
+            },
             profile: None,
             head_row: None,
         };

@@ -23,6 +23,21 @@ pub struct SlotsOptions {
     /// one-token decode pipelines, exactly as the one-shot generator decodes (`vkdecode
     /// chat` uses this, so its answers equal `vkdecode -p`'s).
     pub batched: bool,
+    /// The matmul kernel of the batched step (see [`BatchKernel`]).
+    pub batch_kernel: BatchKernel,
+}
+
+/// Which matmul kernel the batched decode step runs for the layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchKernel {
+    /// The matrix-matrix (prefill) kernel over the slots' tokens: each weight chunk read
+    /// once per 4 tokens.
+    MatrixMatrix,
+    /// The one-token (decode) kernel for every token of the batch, a workgroup row per
+    /// token: the same reductions as a lone decode, so a slot's tokens equal the one-shot
+    /// generator's; the weights are read once per token (one submit and one set of
+    /// dispatches for all slots still).
+    PerToken,
 }
 
 impl Default for SlotsOptions {
@@ -33,6 +48,7 @@ impl Default for SlotsOptions {
             device: None,
             session: SessionOptions::default(),
             batched: true,
+            batch_kernel: BatchKernel::MatrixMatrix,
         }
     }
 }
