@@ -1,9 +1,10 @@
 #version 450
 // Causal attention of a batch of tokens over the KV cache, with grouped-query heads.
 // CPU twin: reference::kernels::attention_ext (softmax(q·K^T · scale) · V).
-// One workgroup per (head, token); token t sits at position pos0 + t and attends to
-// positions first..=pos0+t, whose keys and values are already in the caches: first is 0,
-// or pos0 + t - window + 1 for a sliding-window layer (gemma3's local layers).
+// One workgroup per (head, token); token t sits at position STEP_POS(t) and attends to
+// positions first..=STEP_POS(t) of its own slot, whose keys and values are already in the
+// caches (rows STEP_ROW(t) - STEP_POS(t) onwards: a batch may mix slots); first is 0, or
+// STEP_POS(t) - window + 1 for a sliding-window layer (gemma3's local layers).
 //
 // Each lane takes every gl_WorkGroupSize.x-th position and keeps a running softmax of its
 // own (maximum, sum of weights, weighted sum of values), rescaled whenever its maximum
@@ -45,8 +46,9 @@ void main() {
     uint wg = gl_WorkGroupSize.x;
     uint kv_q = pc.n_kv_heads * HQ;  // quads per cache position
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
-    uint n_pos = step_pos0 + t + 1u;
+    uint n_pos = STEP_POS(t) + 1u;
     uint first = (pc.window != 0u && n_pos > pc.window) ? n_pos - pc.window : 0u;
+    uint row0 = STEP_ROW(t) - STEP_POS(t);  // the slot's first cache row
     uint qo = (t * pc.n_heads + h) * HQ;
 
     // q, pre-scaled (the loops below have constant trip counts, so these stay registers)
@@ -62,7 +64,7 @@ void main() {
         o[j] = vec4(0.0);
     }
     for (uint p = first + l; p < n_pos; p += wg) {
-        int ko = int(p * kv_q + kvh * HQ);
+        int ko = int((row0 + p) * kv_q + kvh * HQ);
         float s = 0.0;
         for (uint j = 0u; j < HQ; j++) {
             vec4 k = texelFetch(kc4, ko + int(j));

@@ -3,7 +3,7 @@
 // graph does more than llama's fused epilogue (matmul.glsl OUT_QKV): the q/k/v biases
 // (qwen2), the RMS norm of every head of Q and of K (qwen3, gemma3), RoPE with the
 // layer's own frequency table (gemma3's sliding-window layers), then q written for
-// attention and k, v into the caches at position pos0 + t.
+// attention and k, v into the caches at each token's row (STEP_POS, STEP_ROW: step.glsl).
 // CPU twin: reference::kernels::{add, rmsnorm_heads, rope_ext}, in that order (as
 // reference::forward applies them).
 //
@@ -94,9 +94,9 @@ void main() {
     uint nq = pc.n_heads;
     uint nk = pc.n_kv_heads;
     uint src = t * pc.qkv_ld + h * hd;
-    float pos = float(step_pos0 + t);
+    float pos = float(STEP_POS(t));
     bool normed = (pc.flags & HEADS_NORM) != 0u;
-    uint c = (step_pos0 + t) * pc.kv_ld;  // the position's cache row
+    uint c = STEP_ROW(t) * pc.kv_ld;  // the token's cache row (its slot's rows + pos)
     if (h < nq) {
         HEAD_STEPS(q, t * pc.q_ld + h * hd, bq, pc.bq_ofs + h * hd, qn, pc.qn_ofs, normed, true)
     } else if (h < nq + nk) {

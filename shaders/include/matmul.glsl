@@ -210,11 +210,11 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
 #else
         out0[o + ga] = swiglu(a, b);
 #endif
-#else  // OUT_QKV: rope q and k, k and v go to the caches at pos0 + tt
+#else  // OUT_QKV: rope q and k at each token's position, k and v go to its cache row
         uint hd = ga % pc.head_dim;
         uint fi = pc.rope_neox != 0u ? hd : hd / 2u;
         if (view != 2u) {
-            vec2 r = rope_pair(a, b, float(step_pos0 + tt), step_freqs[fi]);
+            vec2 r = rope_pair(a, b, float(STEP_POS(tt)), step_freqs[fi]);
             a = r.x;
             b = r.y;
         }
@@ -222,7 +222,7 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
             out0[o + ga] = a;
             out0[o + gb] = b;
         } else {
-            uint c = (step_pos0 + tt) * pc.kv_ld;
+            uint c = STEP_ROW(tt) * pc.kv_ld;
             if (view == 1u) {
                 out1[c + ga] = a;
                 out1[c + gb] = b;

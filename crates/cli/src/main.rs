@@ -19,6 +19,7 @@ macro_rules! outln {
 }
 
 mod bench;
+mod chat;
 mod convert;
 mod info;
 mod input;
@@ -59,6 +60,9 @@ enum Command {
     Info(info::Args),
     /// A/B benchmark of imported versus copied weights, each run a fresh process.
     Bench(bench::Args),
+    /// Chat in the terminal: multi-turn, the model's template, the KV cache reused
+    /// between turns (/help lists the commands).
+    Chat(chat::Args),
 }
 
 fn main() {
@@ -85,6 +89,7 @@ fn main() {
         Some(Command::Tokenize(args)) => tokenize::run(args),
         Some(Command::Info(args)) => info::run(args),
         Some(Command::Bench(args)) => bench::run(args),
+        Some(Command::Chat(args)) => chat::run(args),
         // weights that may be file pages: a worker process, so that a file shrinking
         // under the run is reported by name (see `supervise`)
         None => match run::file_backed_model(&cli.run).filter(|_| !supervise::is_worker()) {

@@ -324,6 +324,7 @@ pub fn run(args: Args) -> Result<()> {
                 mlock: args.mlock,
             },
             ctx_len: 0,
+            slots: 1,
             sync_each_layer: args.sync_each_layer,
             profile: args.profile,
             column_split: !args.no_column_split,

@@ -42,7 +42,8 @@ pub struct Activations {
     pub logits: Buffer,
     /// [4] u32: argmax of the logits, with the non-finite flag (host-readable)
     pub result: Buffer,
-    /// StepHeader, [128] f32 rope frequencies, [B] u32 token ids (host-written)
+    /// StepHeader, [128] f32 rope frequencies, then [STEP_MAX_BATCH] u32 each of token
+    /// ids, positions and cache rows (host-written)
     pub step: Buffer,
     /// [n_layers][B][dim] the residual after every layer, for observers (host-readable)
     pub layer_dump: Buffer,
@@ -110,9 +111,10 @@ impl ActivationSizes {
         let y = if shape.post_norms { x } else { 16 };
         let kv = mul("the KV cache", &[ctx_len as u64, kv_dim, f])?;
         let logits = mul("the logits", &[cfg.vocab_size as u64, f])?;
-        let step = kernels::STEP_TOKENS_OFFSET
-            .checked_add(mul("the step buffer", &[b, 4])?)
-            .ok_or_else(|| too_large("the step buffer"))?;
+        if max_batch > kernels::STEP_MAX_BATCH {
+            return Err(too_large("a batch larger than the step buffer's"));
+        }
+        let step = kernels::STEP_BYTES;
         let layer_dump = mul(
             "the layer dump",
             &[cfg.n_layers as u64, b, cfg.dim as u64, f],

@@ -42,6 +42,9 @@ pub struct Recorder<'a> {
     pub batch: Batch,
     /// Timestamp after every dispatch, and the dispatch names, when profiling.
     pub profile: Option<(&'a QueryPool, &'a mut Vec<String>)>,
+    /// The token whose logits the head computes (`None`: the last; a batched decode
+    /// step runs the head once per slot's token).
+    pub head_row: Option<u32>,
 }
 
 impl Recorder<'_> {
@@ -236,7 +239,7 @@ impl Recorder<'_> {
                 .matmul_ref(&key)
                 .ok_or_else(|| missing(&call.name))?;
             let (n_tok, x_tok0) = if call.variant.last_token_only {
-                (1, self.n_tok - 1)
+                (1, self.head_row.unwrap_or(self.n_tok - 1))
             } else {
                 (self.n_tok, 0)
             };

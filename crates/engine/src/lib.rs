@@ -28,6 +28,7 @@ pub mod pagecache;
 pub mod profile;
 pub mod sampling;
 pub mod session;
+pub mod slots;
 mod step;
 pub mod support;
 mod views;
@@ -36,3 +37,7 @@ pub use generate::{
 };
 pub use sampling::{Sampler, SamplerOptions};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
+pub use slots::{
+    Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo,
+    SlotsOptions, StepReport, Usage,
+};

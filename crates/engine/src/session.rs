@@ -22,6 +22,8 @@ use crate::profile::{dispatch_weight_bytes, per_kernel};
 use crate::residency::{ResidencyOptions, Weights};
 use crate::EngineError;
 
+mod batch;
+
 /// Most prompt tokens one prefill submission processes (longer prompts go in chunks).
 pub const PREFILL_CHUNK: usize = 64;
 
@@ -29,8 +31,13 @@ pub const PREFILL_CHUNK: usize = 64;
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
     pub weights: ResidencyOptions,
-    /// Positions the KV cache holds (prompt + generated tokens).
+    /// Positions the KV cache holds (prompt + generated tokens), per slot.
     pub ctx_len: usize,
+    /// Independent sequences (slots) over the one set of weights and pipelines: each has
+    /// its own `ctx_len` rows of every layer's KV cache (rows `slot·ctx_len..`) and its own
+    /// position; [`Session::select_slot`] picks the one the next calls work on. 1 for a
+    /// plain session.
+    pub slots: usize,
     /// Ablation: submit and wait after every layer (a host drain), as a naive runtime does.
     pub sync_each_layer: bool,
     /// Record GPU timestamps around every dispatch of a decode token.
@@ -45,6 +52,7 @@ impl Default for SessionOptions {
         SessionOptions {
             weights: ResidencyOptions::default(),
             ctx_len: 2048,
+            slots: 1,
             sync_each_layer: false,
             profile: false,
             column_split: true,
@@ -75,6 +83,8 @@ pub struct Counters {
 pub struct Session {
     decode_cmds: Vec<CommandBuffer>,
     prefill_cmd: CommandBuffer,
+    /// The batched decode step (several slots, one submit: batch.rs).
+    batch: batch::BatchOut,
     query: Option<QueryPool>,
     model: GpuModel,
     kernels: Kernels,
@@ -83,7 +93,10 @@ pub struct Session {
     cfg: Config,
     ctx: Arc<vk::Context>,
     ctx_len: usize,
-    pos: usize,
+    /// Next position of each slot (tokens in its part of the cache).
+    pos: Vec<usize>,
+    /// The slot `prefill`/`decode_*` work on.
+    slot: usize,
     /// Host copy of the logits, allocated once.
     logits_host: Vec<f32>,
     /// Host copy of the residual dumps (observer), allocated once.
@@ -113,12 +126,27 @@ impl Session {
                 "the context length must be at least 1".into(),
             ));
         }
+        if opts.slots == 0 {
+            return Err(EngineError::Input("a session needs at least 1 slot".into()));
+        }
         let ctx_len = opts.ctx_len.min(cfg.context_length.max(1));
         // a tensor the kernels cannot read is refused before the first allocation
         crate::support::check_gpu_readable(&cfg, file.gguf())?;
         let factors = rope_factors(&file, &cfg)?;
+        // every slot's rows of the KV cache lie in one buffer per layer (so one dispatch
+        // can reach any slot's rows: the step buffer gives each token its position and row)
+        let cache_rows = ctx_len
+            .checked_mul(opts.slots)
+            .filter(|&r| u32::try_from(r).is_ok())
+            .ok_or_else(|| EngineError::ContextTooLarge {
+                ctx_len,
+                why: format!(
+                    "{} slots of {ctx_len} positions overflow 32 bits",
+                    opts.slots
+                ),
+            })?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
-        let acts = Activations::new(&ctx, &cfg, ctx_len, PREFILL_CHUNK)?;
+        let acts = Activations::new(&ctx, &cfg, cache_rows, PREFILL_CHUNK)?;
         let mut kernels = Kernels::new(&ctx)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
@@ -145,6 +173,7 @@ impl Session {
         let mut session = Session {
             decode_cmds: Vec::new(),
             prefill_cmd: CommandBuffer::new(&ctx)?,
+            batch: batch::BatchOut::new(&ctx, opts.slots, cfg.vocab_size)?,
             query,
             model,
             kernels,
@@ -155,7 +184,8 @@ impl Session {
             cfg,
             ctx,
             ctx_len,
-            pos: 0,
+            pos: vec![0; opts.slots],
+            slot: 0,
             counters: Counters::default(),
             profile_names: Vec::new(),
             profile_bytes: Vec::new(),
@@ -195,19 +225,57 @@ impl Session {
         &self.ctx
     }
 
-    /// Next position to be written (tokens in the cache).
+    /// Next position to be written in the current slot (tokens in its cache).
     pub fn pos(&self) -> usize {
-        self.pos
+        self.pos[self.slot]
     }
 
-    /// Positions the cache holds.
+    /// Positions the cache holds (per slot).
     pub fn ctx_len(&self) -> usize {
         self.ctx_len
     }
 
-    /// Starts a new sequence (the cache is overwritten as it refills).
+    /// Starts a new sequence in the current slot (its cache is overwritten as it refills).
     pub fn reset(&mut self) {
-        self.pos = 0;
+        self.pos[self.slot] = 0;
+    }
+
+    /// Slots (independent sequences) this session holds.
+    pub fn slots(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// The slot `prefill` and `decode_*` work on.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Makes `slot` the one the next `prefill`/`decode_*`/`pos`/`reset` calls work on.
+    /// Its cache rows and position are kept as they were.
+    pub fn select_slot(&mut self, slot: usize) -> Result<(), EngineError> {
+        if slot >= self.pos.len() {
+            return Err(EngineError::Input(format!(
+                "slot {slot} does not exist (the session has {})",
+                self.pos.len()
+            )));
+        }
+        self.slot = slot;
+        Ok(())
+    }
+
+    /// Drops the current slot's positions from `pos` on, keeping `0..pos` (a cached
+    /// prefix); the next token fed goes to `pos`. Positions past the current one are
+    /// refused (they hold nothing).
+    pub fn truncate(&mut self, pos: usize) -> Result<(), EngineError> {
+        let cur = self.pos[self.slot];
+        if pos > cur {
+            return Err(EngineError::Input(format!(
+                "cannot truncate slot {} to position {pos}: it holds {cur}",
+                self.slot
+            )));
+        }
+        self.pos[self.slot] = pos;
+        Ok(())
     }
 
     pub fn counters(&self) -> Counters {
@@ -304,9 +372,9 @@ impl Session {
     }
 
     fn check_room(&self, n: usize) -> Result<(), EngineError> {
-        if self.pos + n > self.ctx_len {
+        if self.pos() + n > self.ctx_len {
             return Err(EngineError::ContextFull {
-                pos: self.pos,
+                pos: self.pos(),
                 n,
                 ctx_len: self.ctx_len,
             });
@@ -324,15 +392,40 @@ impl Session {
         Ok(())
     }
 
-    /// Writes the position and token ids the next submission reads.
+    /// Writes the token ids the next submission reads, at consecutive positions of the
+    /// current slot.
     fn write_step(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
-        self.check_tokens(tokens)?;
+        let pos0 = self.pos();
+        let items: Vec<(u32, usize, usize)> = (tokens.iter().enumerate())
+            .map(|(t, &id)| (id, self.slot, pos0 + t))
+            .collect();
+        self.write_step_items(&items)
+    }
+
+    /// Writes a batch's (token id, slot, position) triples: token ids, positions and cache
+    /// rows (`slot·ctx_len + position`) in the step buffer.
+    fn write_step_items(&mut self, items: &[(u32, usize, usize)]) -> Result<(), EngineError> {
+        let ids: Vec<u32> = items.iter().map(|i| i.0).collect();
+        self.check_tokens(&ids)?;
+        if items.len() > kernels::STEP_MAX_BATCH {
+            return Err(EngineError::Input(format!(
+                "a batch of {} tokens (the step buffer holds {})",
+                items.len(),
+                kernels::STEP_MAX_BATCH
+            )));
+        }
         let header = StepHeader {
-            pos0: self.pos as u32,
+            pos0: items.first().map_or(0, |i| i.2 as u32),
             pad: [0; 3],
         };
+        let pos: Vec<u32> = items.iter().map(|i| i.2 as u32).collect();
+        let rows: Vec<u32> = (items.iter())
+            .map(|i| (i.1 * self.ctx_len + i.2) as u32)
+            .collect();
         self.acts.step.write(0, std::slice::from_ref(&header))?;
-        self.acts.step.write(kernels::STEP_TOKENS_OFFSET, tokens)?;
+        self.acts.step.write(kernels::STEP_TOKENS_OFFSET, &ids)?;
+        self.acts.step.write(kernels::STEP_POS_OFFSET, &pos)?;
+        self.acts.step.write(kernels::STEP_ROW_OFFSET, &rows)?;
         Ok(())
     }
 
@@ -348,10 +441,11 @@ impl Session {
             model: &self.model,
             acts: &self.acts,
             cfg: &self.cfg,
-            ctx_len: self.ctx_len,
+            ctx_len: self.ctx_len * self.pos.len(),
             n_tok: tokens.len() as u32,
             batch: Batch::Prefill,
             profile: self.query.as_ref().map(|q| (q, &mut names)),
+            head_row: None,
         };
         rec.forward(head, dump)?;
         self.prefill_cmd.end()?;
@@ -362,7 +456,7 @@ impl Session {
             self.last_prefill_profile = Some((tokens.len(), per_kernel(&names, &bytes, &ts)));
         }
         self.counters.host_waits += 1;
-        self.pos += tokens.len();
+        self.pos[self.slot] += tokens.len();
         Ok(())
     }
 
@@ -389,10 +483,11 @@ impl Session {
                 model: &self.model,
                 acts: &self.acts,
                 cfg: &self.cfg,
-                ctx_len: self.ctx_len,
+                ctx_len: self.ctx_len * self.pos.len(),
                 n_tok: 1,
                 batch: Batch::Decode,
                 profile,
+                head_row: None,
             };
             if n_cmds == 1 {
                 rec.forward(Head::LogitsArgmax, false)?;
@@ -413,7 +508,7 @@ impl Session {
 
     /// One decode step: write the step buffer, submit, wait (once per command buffer).
     fn decode(&mut self, token: u32) -> Result<(), EngineError> {
-        let _span = debug_span!("decode", pos = self.pos).entered();
+        let _span = debug_span!("decode", slot = self.slot, pos = self.pos()).entered();
         self.check_room(1)?;
         self.write_step(&[token])?;
         for cmd in &self.decode_cmds {
@@ -425,7 +520,7 @@ impl Session {
             let ts = q.read_ns(0, n as u32 + 1)?;
             self.last_profile = Some(per_kernel(&self.profile_names, &self.profile_bytes, &ts));
         }
-        self.pos += 1;
+        self.pos[self.slot] += 1;
         self.counters.decoded_tokens += 1;
         Ok(())
     }
@@ -438,7 +533,7 @@ impl Session {
         self.counters.bytes_read_back += 4;
         if r[0] & ARGMAX_NON_FINITE != 0 {
             return Err(EngineError::NonFiniteLogits {
-                pos: self.pos.saturating_sub(1),
+                pos: self.pos().saturating_sub(1),
             });
         }
         Ok(r[0])

@@ -62,7 +62,7 @@ pub struct HeadsBindings {
     pub k_norm: BufferBinding,
     /// q written, `[n_tok][q_ld]`.
     pub q: BufferBinding,
-    /// The layer's caches, written at positions `pos0..pos0+n_tok`.
+    /// The layer's caches, written at each token's row (the step buffer's `row`).
     pub k_cache: BufferBinding,
     pub v_cache: BufferBinding,
     pub step: BufferBinding,

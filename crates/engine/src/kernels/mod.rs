@@ -60,6 +60,15 @@ pub struct StepHeader {
 const _: () = assert!(std::mem::size_of::<StepHeader>() == 16);
 /// Byte offset of the token ids in the step buffer.
 pub const STEP_TOKENS_OFFSET: u64 = 16 + 4 * STEP_FREQS_MAX as u64;
+/// Most tokens in one batch (`STEP_MAX_BATCH`): the step buffer holds this many token
+/// ids, then as many positions (`STEP_POS`), then as many KV-cache rows (`STEP_ROW`).
+pub const STEP_MAX_BATCH: usize = 64;
+/// Byte offset of the per-token positions in the step buffer.
+pub const STEP_POS_OFFSET: u64 = STEP_TOKENS_OFFSET + 4 * STEP_MAX_BATCH as u64;
+/// Byte offset of the per-token KV-cache rows in the step buffer.
+pub const STEP_ROW_OFFSET: u64 = STEP_POS_OFFSET + 4 * STEP_MAX_BATCH as u64;
+/// Bytes of the step buffer.
+pub const STEP_BYTES: u64 = STEP_ROW_OFFSET + 4 * STEP_MAX_BATCH as u64;
 
 /// Whether the matmul and embedding kernels read this weight type.
 pub fn supported_weight_type(ty: GgmlType) -> bool {

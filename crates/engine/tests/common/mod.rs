@@ -39,15 +39,21 @@ pub fn read_f32(b: &Buffer, n: usize) -> Vec<f32> {
     out
 }
 
-/// The step buffer: header (pos0), rope frequencies, token ids.
+/// The step buffer: header (pos0), rope frequencies, token ids, then token t's position
+/// and cache row, both `pos0 + t` (one sequence from cache row 0).
 pub fn step_buffer(ctx: &Arc<Context>, pos0: u32, freqs: &[f32], tokens: &[u32]) -> Buffer {
-    let mut words = vec![0u32; 4 + engine::kernels::STEP_FREQS_MAX];
+    use engine::kernels::{STEP_FREQS_MAX, STEP_MAX_BATCH};
+    let mut words = vec![0u32; 4 + STEP_FREQS_MAX];
     words[0] = pos0;
     for (i, f) in freqs.iter().enumerate() {
         words[4 + i] = f.to_bits();
     }
-    words.extend_from_slice(tokens);
-    words.push(0);
+    let mut ids = tokens.to_vec();
+    ids.resize(STEP_MAX_BATCH, 0);
+    words.extend_from_slice(&ids);
+    let pos = (0..STEP_MAX_BATCH as u32).map(|t| pos0 + t);
+    words.extend(pos.clone());
+    words.extend(pos);
     upload(ctx, "step", &words)
 }
 

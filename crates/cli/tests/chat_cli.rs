@@ -1,0 +1,125 @@
+//! `vkdecode chat` driven through stdin (not a terminal: one message per line) on the
+//! default model: two turns, the second prefilling only its new tokens (`/stats`) and
+//! answering exactly as the one-shot CLI does on the same rendered prompt (greedy); then
+//! `/system` and `/clear` start a new conversation and `/quit` ends the session.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::{q8, vkdecode};
+use tokenizer::{ChatTemplate, Message, Tokenizer};
+
+/// (prompt tokens, prefilled, reused) from a `/stats` line.
+fn turn_counts(line: &str) -> (usize, usize, usize) {
+    let num = |key: &str| -> usize {
+        let at = line
+            .find(key)
+            .unwrap_or_else(|| panic!("{key:?} in {line:?}"))
+            + key.len();
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    (num("prompt "), num("(prefilled "), num(", reused "))
+}
+
+#[test]
+fn chat_reuses_the_cache_between_turns_and_answers_as_the_one_shot_cli() {
+    let model = q8();
+    let file = gguf::GgufFile::open(&model).unwrap();
+    let tok = Tokenizer::from_gguf(file.gguf()).unwrap();
+    let template = ChatTemplate::from_gguf(file.gguf()).unwrap().unwrap();
+    let render = |messages: &[Message]| {
+        engine::generate::chat_prompt_ids(&tok, &template, messages, false).unwrap()
+    };
+    let (q1, q2) = ("What is the capital of France?", "And of Germany?");
+
+    let model_arg = model.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args([
+            "chat", "-m", model_arg, "--temp", "0", "-n", "24", "-c", "512",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = format!(
+        "{q1}\n/stats\n{q2}\n/stats\n/system You answer in one word.\n/clear\nHi\n/stats\n/help\n/quit\nnot read\n"
+    );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}\nstdout: {stdout}");
+
+    // answer 1, [stats], answer 2, [stats], notices, answer 3, [stats], help
+    let parts: Vec<&str> = stdout.split("[stats] ").collect();
+    assert_eq!(parts.len(), 4, "three /stats lines in {stdout:?}");
+    let answer1 = parts[0].strip_suffix('\n').unwrap();
+    let (stats1, rest) = parts[1].split_once('\n').unwrap();
+    let answer2 = rest.strip_suffix('\n').unwrap();
+    let (stats2, rest) = parts[2].split_once('\n').unwrap();
+    assert!(rest.starts_with("[system message set; new conversation]\n[conversation cleared]\n"));
+    let (stats3, help) = parts[3].split_once('\n').unwrap();
+    assert!(help.contains("/system TEXT") && !stdout.contains("not read"));
+    assert!(!answer1.is_empty() && !answer2.is_empty());
+
+    // turn 1: the whole prompt prefilled
+    let p1 = render(&[Message::new("user", q1)]);
+    assert_eq!(turn_counts(stats1), (p1.len(), p1.len(), 0), "{stats1}");
+    // turn 2: the conversation so far is reused, only the new turn prefilled
+    let history = [
+        Message::new("user", q1),
+        Message::new("assistant", answer1),
+        Message::new("user", q2),
+    ];
+    let p2 = render(&history);
+    let (n, prefilled, reused) = turn_counts(stats2);
+    assert_eq!(n, p2.len(), "{stats2}");
+    assert!(
+        reused >= p1.len(),
+        "turn 2 reused {reused} < turn 1's {}",
+        p1.len()
+    );
+    assert_eq!(prefilled, n - reused);
+    assert!(prefilled <= p2.len() - p1.len(), "{stats2}");
+    // turn 3, after /system and /clear: the new system prompt, one user message
+    let p3 = render(&[
+        Message::new("system", "You answer in one word."),
+        Message::new("user", "Hi"),
+    ]);
+    assert_eq!(turn_counts(stats3).0, p3.len(), "{stats3}");
+
+    // the one-shot CLI on turn 2's rendered prompt answers the same (greedy)
+    let ids: Vec<String> = p2.iter().map(u32::to_string).collect();
+    let ids = ids.join(",");
+    let one = vkdecode(&[
+        "-m",
+        model_arg,
+        "--prompt-ids",
+        &ids,
+        "--temp",
+        "0",
+        "-n",
+        "24",
+        "-c",
+        "512",
+    ]);
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    let one = String::from_utf8(one.stdout).unwrap();
+    assert_eq!(one.strip_suffix('\n').unwrap(), answer2);
+}

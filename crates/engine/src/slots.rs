@@ -1,0 +1,514 @@
+//! Several conversations over one loaded model (issue 15): the conversation API that
+//! `vkdecode chat` and `vkdecode serve` drive.
+//!
+//! One [`Slots`] holds ONE [`Session`]: one mapping (or copy) of the weights, one set of
+//! pipelines and descriptor sets, and a KV cache with `ctx` rows per slot in one buffer
+//! per layer (slot `s` owns rows `s·ctx..(s+1)·ctx`; the step buffer gives each token its
+//! position and cache row). Each slot has its own position, its own cached
+//! token list and at most one request at a time.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let file = Arc::new(gguf::GgufFile::open("models/SmolLM2-135M-Instruct.Q8_0.gguf")?);
+//! let mut slots = engine::Slots::load(&file, &engine::SlotsOptions { slots: 4, ..Default::default() })?;
+//! let prompt = slots.tokenize("The capital of France is", true)?;
+//! let slot = slots.pick_slot(&prompt).expect("an idle slot");
+//! slots.submit(slot, engine::Request { prompt, max_tokens: Some(16), ..Default::default() })?;
+//! while slots.busy() > 0 {
+//!     slots.step(&mut |e| {
+//!         if let engine::SlotEvent::Text { text, .. } = e { print!("{text}") }
+//!     })?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Prompt cache.** A slot keeps the K/V of every token it was fed and the list of those
+//! tokens ([`Slots::cached`]). [`Slots::submit`] keeps the longest common prefix (LCP) of
+//! that list and the new prompt, truncates the slot's position to it, and prefills only
+//! the rest (at least the prompt's last token, whose logits choose the first new token).
+//! [`Slots::pick_slot`] finds the idle slot with the longest common prefix. The counters
+//! ([`Usage`], [`SlotCounters`]) say how many prompt tokens were prefilled vs reused.
+//!
+//! **Stepping.** [`Slots::step`] gives every busy slot one unit of work: the next chunk
+//! (up to [`crate::session::PREFILL_CHUNK`] tokens) of its prompt, one submit per slot,
+//! so a long prompt is prefilled in chunks between the other slots' tokens; then every
+//! decoding slot's chosen token is fed in ONE submit ([`Session::decode_batch`]): the
+//! slots' tokens are one batch, each with its own position and cache row in the step
+//! buffer, so every layer's matmuls are a small matrix-matrix product over the slots and
+//! the weights are read once per step whatever the concurrency (the logits head runs once
+//! per slot). Batch-invariant: each token's rows are reduced in the same order at any
+//! batch size and the head uses the same pipeline for every slot, so a slot's tokens do
+//! not depend on what runs beside it (tested). With [`SlotsOptions::batched`] off, each
+//! decoding slot is its own submit through the one-token pipelines instead, which is
+//! exactly how the one-shot [`crate::Generator`] decodes.
+//!
+//! **Events.** A step reports, per slot, [`SlotEvent::Token`] (each token kept),
+//! [`SlotEvent::Text`] (text ready to show: stop strings are held back while they may
+//! still appear) and, once, [`SlotEvent::Done`] with the [`Completion`] (finish reason,
+//! usage, whole text). After `Done` the slot is idle and keeps its cache.
+
+mod job;
+mod types;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arch::Config;
+use tokenizer::{ChatTemplate, Message, Tokenizer};
+use tracing::info_span;
+
+use crate::generate::fit;
+use crate::generate::{chat_prompt_ids, Event, GenerateError, StopReason};
+use crate::session::{Session, SessionOptions};
+use job::Job;
+pub use types::{
+    Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, SlotsInfo, SlotsOptions,
+    StepReport, Usage,
+};
+
+/// One slot: what its cache holds, and its request if it has one.
+struct Slot {
+    /// Tokens whose K/V are in this slot's rows `0..cached.len()` (its position).
+    cached: Vec<u32>,
+    job: Option<Job>,
+    /// The request count when it was last submitted to, 0 if never (least recently used
+    /// wins ties in [`Slots::pick_slot`]).
+    last_used: u64,
+}
+
+/// Several conversations over one loaded model; see the module docs.
+pub struct Slots {
+    session: Session,
+    tok: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    slots: Vec<Slot>,
+    info: SlotsInfo,
+    counters: SlotCounters,
+    batched: bool,
+    batch_kernel: BatchKernel,
+}
+
+impl Slots {
+    /// Loads `file` once with `opts.slots` KV caches of `opts.ctx` positions each: the
+    /// context is resolved per slot against the device budget divided by the slots, and
+    /// refused up front when it does not fit.
+    pub fn load(file: &Arc<gguf::GgufFile>, opts: &SlotsOptions) -> Result<Slots, GenerateError> {
+        let start = Instant::now();
+        let n = opts.slots;
+        let _span = info_span!("slots_load", slots = n).entered();
+        if n == 0 {
+            return Err(GenerateError::Input("at least 1 slot is needed".into()));
+        }
+        let cfg = Config::from_gguf(file.gguf())?;
+        let tok = Arc::new(Tokenizer::from_gguf(file.gguf())?);
+        let template = ChatTemplate::from_gguf(file.gguf())?;
+        let ctx = vk::Context::new(&vk::ContextOptions {
+            device_index: opts.device,
+            ..Default::default()
+        })
+        .map_err(crate::EngineError::from)?;
+        let whole = fit::vulkan_budget(ctx.caps(), file.bytes().len() as u64);
+        // every slot's rows of a layer share one buffer: each gets 1/n of it and 1/n of
+        // the memory budget
+        let budget = fit::Budget {
+            bytes: whole.bytes / n as u64,
+            max_buffer: whole.max_buffer / n as u64,
+            what: format!("{} shared by {n} slot(s)", whole.what),
+        };
+        let choice = fit::resolve(&cfg, opts.ctx, &budget)?;
+        let session_opts = SessionOptions {
+            ctx_len: choice.ctx_len,
+            slots: n,
+            ..opts.session.clone()
+        };
+        let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
+        let per_slot = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
+        let report = session.weights().report();
+        let kv_bytes = per_slot.saturating_mul(n as u64);
+        let info = SlotsInfo {
+            slots: n,
+            ctx_per_slot: session.ctx_len(),
+            kv_bytes_per_slot: per_slot,
+            kv_bytes,
+            device: ctx.caps().name.clone(),
+            weights_path: report.path.clone(),
+            device_bytes: report.device_bytes.saturating_add(kv_bytes),
+            ctx_note: choice.note,
+            load_ms: start.elapsed().as_secs_f64() * 1e3,
+        };
+        let mut slots = Slots::from_session(session, tok, template, info);
+        slots.batched = opts.batched;
+        slots.batch_kernel = opts.batch_kernel;
+        Ok(slots)
+    }
+
+    /// Slots over an existing session (one slot per session slot), batched.
+    pub fn from_session(
+        session: Session,
+        tok: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        info: SlotsInfo,
+    ) -> Slots {
+        let slots = (0..session.slots())
+            .map(|_| Slot {
+                cached: Vec::new(),
+                job: None,
+                last_used: 0,
+            })
+            .collect();
+        Slots {
+            session,
+            tok,
+            template,
+            slots,
+            info,
+            counters: SlotCounters::default(),
+            batched: true,
+            batch_kernel: BatchKernel::MatrixMatrix,
+        }
+    }
+
+    /// Switches between the batched decode step and one submit per slot (see
+    /// [`SlotsOptions::batched`]); for A/B runs.
+    pub fn set_batched(&mut self, batched: bool) {
+        self.batched = batched;
+    }
+
+    /// Switches the batched step's matmul kernel (see [`BatchKernel`]); for A/B runs.
+    pub fn set_batch_kernel(&mut self, kernel: BatchKernel) {
+        self.batch_kernel = kernel;
+    }
+
+    /// Sizes and paths, as loaded.
+    pub fn info(&self) -> &SlotsInfo {
+        &self.info
+    }
+
+    /// Number of slots.
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Positions each slot holds.
+    pub fn ctx_per_slot(&self) -> usize {
+        self.session.ctx_len()
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// The model's chat template, if its file has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The session underneath (weights report, device counters).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Text to ids: BOS as the model's metadata says when `add_special`; special-token
+    /// text stays plain text.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, GenerateError> {
+        Ok(self.tok.encode(text, add_special, false)?)
+    }
+
+    /// Ids to text (control tokens render as nothing).
+    pub fn detokenize(&self, ids: &[u32]) -> String {
+        self.tok.detokenize(ids)
+    }
+
+    /// The ids of `messages` rendered by the model's chat template, with the assistant's
+    /// generation prompt appended; an error when the model has no template.
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>, GenerateError> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            GenerateError::Input(
+                "the model file has no chat template (tokenizer.chat_template)".into(),
+            )
+        })?;
+        chat_prompt_ids(&self.tok, template, messages, false)
+    }
+
+    /// The tokens whose K/V slot `slot` holds (its position is their count).
+    pub fn cached(&self, slot: usize) -> &[u32] {
+        &self.slots[slot].cached
+    }
+
+    /// Whether slot `slot` has a request running.
+    pub fn is_busy(&self, slot: usize) -> bool {
+        self.slots[slot].job.is_some()
+    }
+
+    /// Slots with a request running.
+    pub fn busy(&self) -> usize {
+        self.slots.iter().filter(|s| s.job.is_some()).count()
+    }
+
+    /// Totals since load.
+    pub fn counters(&self) -> SlotCounters {
+        self.counters
+    }
+
+    /// The prompt tokens slot `slot` would reuse for `prompt` (see the module docs).
+    pub fn reusable(&self, slot: usize, prompt: &[u32]) -> usize {
+        let lcp = common_prefix(&self.slots[slot].cached, prompt);
+        // the last prompt token is always fed: its logits choose the first new token
+        lcp.min(prompt.len().saturating_sub(1))
+    }
+
+    /// The idle slot that would reuse the most of `prompt`; among equals, the least
+    /// recently used. `None` when every slot is busy.
+    pub fn pick_slot(&self, prompt: &[u32]) -> Option<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].job.is_none())
+            .max_by_key(|&i| {
+                (
+                    self.reusable(i, prompt),
+                    std::cmp::Reverse(self.slots[i].last_used),
+                    std::cmp::Reverse(i),
+                )
+            })
+    }
+
+    /// Starts `req` on idle slot `slot`: keeps the cached prefix it shares with the
+    /// prompt and queues the rest for prefill (the next [`Slots::step`]s run it).
+    /// Refused: a busy or missing slot, an empty prompt, a prompt that leaves no room to
+    /// generate in the slot's context, a token outside the vocabulary.
+    pub fn submit(&mut self, slot: usize, req: Request) -> Result<Admission, GenerateError> {
+        let n = self.slots.len();
+        let s = self.slots.get(slot).ok_or_else(|| {
+            GenerateError::Input(format!("slot {slot} does not exist ({n} slots)"))
+        })?;
+        if s.job.is_some() {
+            return Err(GenerateError::Input(format!("slot {slot} is busy")));
+        }
+        let ctx_len = self.session.ctx_len();
+        if req.prompt.is_empty() {
+            return Err(GenerateError::Input(
+                "the prompt tokenized to nothing".into(),
+            ));
+        }
+        if req.prompt.len() >= ctx_len {
+            return Err(GenerateError::Input(format!(
+                "the prompt is {} tokens but a slot's context holds {ctx_len}",
+                req.prompt.len()
+            )));
+        }
+        if req.max_tokens == Some(0) {
+            return Err(GenerateError::Input("max_tokens must be at least 1".into()));
+        }
+        let vocab = self.tok.vocab_size();
+        if let Some(&bad) = req.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::Input(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let reused = self.reusable(slot, &req.prompt);
+        self.session.select_slot(slot)?;
+        self.session.truncate(reused)?;
+        let s = &mut self.slots[slot];
+        s.cached.truncate(reused);
+        let to_prefill = req.prompt.len() - reused;
+        self.counters.requests += 1;
+        s.last_used = self.counters.requests;
+        self.counters.prompt_tokens += req.prompt.len() as u64;
+        self.counters.reused_tokens += reused as u64;
+        s.job = Some(Job::new(req, reused));
+        Ok(Admission { reused, to_prefill })
+    }
+
+    /// Asks slot `slot`'s request to stop; it finishes ([`StopReason::Cancelled`]) at the
+    /// next step. Nothing happens on an idle slot.
+    pub fn cancel(&mut self, slot: usize) {
+        if let Some(job) = self.slots.get_mut(slot).and_then(|s| s.job.as_mut()) {
+            job.cancel = true;
+        }
+    }
+
+    /// Forgets what idle slot `slot` holds (its next request prefills from scratch).
+    pub fn clear(&mut self, slot: usize) -> Result<(), GenerateError> {
+        if self.is_busy(slot) {
+            return Err(GenerateError::Input(format!("slot {slot} is busy")));
+        }
+        self.session.select_slot(slot)?;
+        self.session.reset();
+        self.slots[slot].cached.clear();
+        Ok(())
+    }
+
+    /// Gives every busy slot one unit of work and reports what happened through
+    /// `on_event`: slots still prefilling get their next prompt chunk (one submit each);
+    /// then every decoding slot is fed its chosen token: batched (the default), all of
+    /// them in ONE submit ([`Session::decode_batch`]), else one submit per slot. A failure
+    /// inside one slot (non-finite logits, a sampler with nothing to draw) finishes that
+    /// slot with the error in its [`Completion`]; only a device failure is an `Err`.
+    pub fn step(
+        &mut self,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Result<StepReport, GenerateError> {
+        let _span = info_span!("slots_step", busy = self.busy()).entered();
+        self.counters.steps += 1;
+        let mut report = StepReport::default();
+        let mut decoding = Vec::new();
+        for i in 0..self.slots.len() {
+            let Some(job) = &self.slots[i].job else {
+                continue;
+            };
+            if job.cancel {
+                self.settle(
+                    i,
+                    Ok(ControlFlow::Break(StopReason::Cancelled)),
+                    &mut report,
+                    on_event,
+                )?;
+            } else if job.decoding() {
+                decoding.push(i);
+            } else {
+                self.session.select_slot(i)?;
+                let slot = &mut self.slots[i];
+                let job = slot.job.as_mut().expect("busy");
+                let outcome =
+                    match job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report) {
+                        Ok(Some(next)) => Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
+                            forward_event(i, e, on_event)
+                        })),
+                        Ok(None) => Ok(ControlFlow::Continue(())),
+                        Err(e) => Err(e),
+                    };
+                self.settle(i, outcome, &mut report, on_event)?;
+            }
+        }
+        if decoding.is_empty() {
+            return Ok(report);
+        }
+        if !self.batched {
+            for i in decoding {
+                self.session.select_slot(i)?;
+                let slot = &mut self.slots[i];
+                let job = slot.job.as_mut().expect("busy");
+                let outcome = job
+                    .decode_one(&mut self.session, &mut slot.cached, &mut report)
+                    .map(|next| {
+                        job.keep(&self.session, &self.tok, next, &mut |e| {
+                            forward_event(i, e, on_event)
+                        })
+                    });
+                self.settle(i, outcome, &mut report, on_event)?;
+            }
+            return Ok(report);
+        }
+        let mut items = Vec::with_capacity(decoding.len());
+        let mut keep_logits = false;
+        for &i in &decoding {
+            let job = self.slots[i].job.as_ref().expect("busy");
+            let token = job.to_feed().expect("a decoding slot has a token to feed");
+            items.push((i, token));
+            keep_logits |= !job.greedy();
+        }
+        let mm = self.batch_kernel == BatchKernel::MatrixMatrix;
+        self.session.decode_batch(&items, keep_logits, mm)?;
+        for (k, &i) in decoding.iter().enumerate() {
+            let slot = &mut self.slots[i];
+            let job = slot.job.as_mut().expect("busy");
+            let chosen = job.fed_token(&mut slot.cached, &mut report).and_then(|_| {
+                if job.greedy() {
+                    Ok(self.session.batch_argmax(k, i)?)
+                } else {
+                    let pos = slot.cached.len() - 1;
+                    let logits = self.session.batch_logits(k)?;
+                    job.sample(logits, pos)
+                }
+            });
+            self.session.select_slot(i)?;
+            let outcome = chosen.map(|next| {
+                job.keep(&self.session, &self.tok, next, &mut |e| {
+                    forward_event(i, e, on_event)
+                })
+            });
+            self.settle(i, outcome, &mut report, on_event)?;
+        }
+        Ok(report)
+    }
+
+    /// After slot `i`'s unit of work: keep its job running, or finish it (a `Done`
+    /// event). A device failure is returned; any other error finishes the slot.
+    fn settle(
+        &mut self,
+        i: usize,
+        outcome: Result<ControlFlow<StopReason>, GenerateError>,
+        report: &mut StepReport,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Result<(), GenerateError> {
+        let (stop, error) = match outcome {
+            Ok(ControlFlow::Continue(())) => return Ok(()),
+            Ok(ControlFlow::Break(stop)) => (stop, None),
+            Err(GenerateError::Engine(e)) if is_device_failure(&e) => {
+                return Err(GenerateError::Engine(e))
+            }
+            Err(e) => {
+                // what the cache holds after a failed step is unknown: start over
+                self.session.select_slot(i)?;
+                self.session.reset();
+                self.slots[i].cached.clear();
+                (StopReason::Cancelled, Some(e.to_string()))
+            }
+        };
+        let job = self.slots[i].job.take().expect("busy");
+        let completion = job.finish(stop, error, &mut |e| forward_event(i, e, on_event));
+        self.counters.prefilled_tokens += completion.usage.prefilled_tokens as u64;
+        self.counters.generated_tokens += completion.usage.generated_tokens as u64;
+        report.finished += 1;
+        on_event(SlotEvent::Done {
+            slot: i,
+            completion: &completion,
+        });
+        Ok(())
+    }
+}
+
+/// A generator event of slot `slot`, passed on as a [`SlotEvent`].
+fn forward_event(
+    slot: usize,
+    e: Event<'_>,
+    on_event: &mut dyn FnMut(SlotEvent<'_>),
+) -> ControlFlow<()> {
+    match e {
+        Event::Token(id) => on_event(SlotEvent::Token { slot, id }),
+        Event::Text(text) => on_event(SlotEvent::Text { slot, text }),
+        Event::Check { .. } => {}
+    }
+    ControlFlow::Continue(())
+}
+
+/// An engine error that leaves the device unusable (as opposed to one request's bad
+/// input or broken logits).
+fn is_device_failure(e: &crate::EngineError) -> bool {
+    !matches!(
+        e,
+        crate::EngineError::Input(_)
+            | crate::EngineError::NonFiniteLogits { .. }
+            | crate::EngineError::ContextFull { .. }
+    )
+}
+
+/// Length of the longest common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_counts_equal_leading_ids() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(common_prefix(&[7], &[8]), 0);
+    }
+}

@@ -1,0 +1,195 @@
+//! One slot's request while it runs: the prompt suffix still to prefill, the sampler, the
+//! token chosen but not yet fed, and the output with its stop strings. The same decisions
+//! as [`crate::Generator::generate`], taken one unit of work (a prompt chunk or a token)
+//! per [`super::Slots::step`]; the step runs the GPU work (alone or batched) and hands
+//! each chosen token to [`Job::keep`].
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use tokenizer::Tokenizer;
+
+use super::{Completion, Request, StepReport, Usage};
+use crate::generate::{check_finite, ms, Event, GenerateError, Output, Push, StopReason};
+use crate::sampling::Sampler;
+use crate::session::{Session, PREFILL_CHUNK};
+
+pub(super) struct Job {
+    prompt: Vec<u32>,
+    max_tokens: Option<usize>,
+    ignore_eos: bool,
+    /// Prompt tokens in the slot's cache (the reused prefix, then each chunk fed).
+    fed: usize,
+    reused: usize,
+    sampler: Sampler,
+    out: Output,
+    /// The token chosen last, to be fed at the next step.
+    next: Option<u32>,
+    /// Set by [`super::Slots::cancel`]; seen at the next step.
+    pub cancel: bool,
+    submitted: Instant,
+    first_token: Option<Instant>,
+}
+
+impl Job {
+    pub fn new(req: Request, reused: usize) -> Job {
+        let mut sampler = Sampler::new(req.sampler);
+        for &id in &req.prompt {
+            sampler.accept(id);
+        }
+        Job {
+            out: Output::new(&req.stop),
+            prompt: req.prompt,
+            max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos,
+            fed: reused,
+            reused,
+            sampler,
+            next: None,
+            cancel: false,
+            submitted: Instant::now(),
+            first_token: None,
+        }
+    }
+
+    /// Whether the prompt is in and a chosen token waits to be fed (a decode step).
+    pub fn decoding(&self) -> bool {
+        self.fed == self.prompt.len() && self.next.is_some()
+    }
+
+    pub fn greedy(&self) -> bool {
+        self.sampler.is_greedy()
+    }
+
+    /// The token the next decode step feeds.
+    pub fn to_feed(&self) -> Option<u32> {
+        self.next
+    }
+
+    /// Prefills the next prompt chunk on `session` (whose current slot is this job's);
+    /// after the last chunk, the first token chosen.
+    pub fn prefill_chunk(
+        &mut self,
+        session: &mut Session,
+        cached: &mut Vec<u32>,
+        report: &mut StepReport,
+    ) -> Result<Option<u32>, GenerateError> {
+        let end = (self.fed + PREFILL_CHUNK).min(self.prompt.len());
+        let chunk = &self.prompt[self.fed..end];
+        session.prefill(chunk)?;
+        cached.extend_from_slice(chunk);
+        report.prefilled += chunk.len();
+        self.fed = end;
+        if end < self.prompt.len() {
+            return Ok(None);
+        }
+        let next = if self.greedy() {
+            session.last_argmax()?
+        } else {
+            let pos = session.pos();
+            let logits = session.last_logits()?;
+            self.sample(logits, pos)?
+        };
+        Ok(Some(next))
+    }
+
+    /// Feeds the chosen token on `session` alone (one submit for this slot) and
+    /// chooses the next.
+    pub fn decode_one(
+        &mut self,
+        session: &mut Session,
+        cached: &mut Vec<u32>,
+        report: &mut StepReport,
+    ) -> Result<u32, GenerateError> {
+        let t = self.fed_token(cached, report)?;
+        if self.greedy() {
+            return Ok(session.decode_argmax(t)?);
+        }
+        let pos = session.pos();
+        let logits = session.decode_logits(t)?;
+        self.sample(logits, pos)
+    }
+
+    /// Records that the chosen token was fed (by a batched step or [`Job::decode_one`]).
+    pub fn fed_token(
+        &mut self,
+        cached: &mut Vec<u32>,
+        report: &mut StepReport,
+    ) -> Result<u32, GenerateError> {
+        let t = self.next.take().ok_or_else(|| {
+            GenerateError::Input("internal: a decoding slot has no token to feed".into())
+        })?;
+        cached.push(t);
+        report.decoded += 1;
+        Ok(t)
+    }
+
+    /// Draws the next token from `logits` (of the token at `pos`).
+    pub fn sample(&mut self, logits: &[f32], pos: usize) -> Result<u32, GenerateError> {
+        check_finite(logits, pos)?;
+        Ok(self.sampler.sample(logits)?)
+    }
+
+    /// The stop conditions for a chosen token, in the generator's order; a token that
+    /// does not stop the request is fed at the next step.
+    pub fn keep(
+        &mut self,
+        session: &Session,
+        tok: &Tokenizer,
+        next: u32,
+        emit: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> ControlFlow<StopReason> {
+        self.first_token.get_or_insert_with(Instant::now);
+        if tok.is_eog(next) && !self.ignore_eos {
+            return ControlFlow::Break(StopReason::Eog);
+        }
+        self.sampler.accept(next);
+        if emit(Event::Token(next)).is_break() {
+            return ControlFlow::Break(StopReason::Cancelled);
+        }
+        if let Push::Stop(reason) = self.out.push(tok, next, emit) {
+            return ControlFlow::Break(reason);
+        }
+        if self.max_tokens.is_some_and(|m| self.out.ids.len() >= m) {
+            return ControlFlow::Break(StopReason::MaxTokens);
+        }
+        if self.cancel {
+            return ControlFlow::Break(StopReason::Cancelled);
+        }
+        if session.pos() + 1 >= session.ctx_len() {
+            return ControlFlow::Break(StopReason::ContextFull);
+        }
+        self.next = Some(next);
+        ControlFlow::Continue(())
+    }
+
+    /// Ends the request: shows what text is left (unless a stop string cut it) and
+    /// returns the completion.
+    pub fn finish(
+        mut self,
+        stop: StopReason,
+        error: Option<String>,
+        emit: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Completion {
+        if stop != StopReason::StopString {
+            self.out.flush(emit);
+        }
+        let end = Instant::now();
+        let first = self.first_token.unwrap_or(end);
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            reused_tokens: self.reused,
+            prefilled_tokens: self.fed - self.reused,
+            generated_tokens: self.out.ids.len(),
+            ttft_ms: (first - self.submitted).as_secs_f64() * 1e3,
+            decode_ms: ms(first),
+        };
+        Completion {
+            stop,
+            error,
+            ids: std::mem::take(&mut self.out.ids),
+            text: std::mem::take(&mut self.out.text),
+            usage,
+        }
+    }
+}
