@@ -25,6 +25,7 @@ mod input;
 mod inspect;
 mod out;
 mod run;
+mod serve;
 mod stats;
 mod supervise;
 mod tokenize;
@@ -59,6 +60,8 @@ enum Command {
     Info(info::Args),
     /// A/B benchmark of imported versus copied weights, each run a fresh process.
     Bench(bench::Args),
+    /// An OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, slots.
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -85,6 +88,7 @@ fn main() {
         Some(Command::Tokenize(args)) => tokenize::run(args),
         Some(Command::Info(args)) => info::run(args),
         Some(Command::Bench(args)) => bench::run(args),
+        Some(Command::Serve(args)) => serve::run(args),
         // weights that may be file pages: a worker process, so that a file shrinking
         // under the run is reported by name (see `supervise`)
         None => match run::file_backed_model(&cli.run).filter(|_| !supervise::is_worker()) {
