@@ -29,6 +29,8 @@ pub fn q8() -> PathBuf {
 pub struct Server {
     child: Option<Child>,
     pub addr: String,
+    /// `--api-key`, sent by [`Server::metric`].
+    pub key: Option<String>,
     /// Every stderr line so far.
     pub log: Arc<Mutex<Vec<String>>>,
 }
@@ -60,9 +62,14 @@ impl Server {
             });
         }
         let addr = wait_listening(&rx, &mut child, &log);
+        let key = args
+            .iter()
+            .position(|&a| a == "--api-key")
+            .map(|i| args[i + 1].to_string());
         Server {
             child: Some(child),
             addr,
+            key,
             log,
         }
     }
@@ -144,7 +151,12 @@ impl Server {
 
     /// One metric's value from /metrics.
     pub fn metric(&self, name: &str) -> f64 {
-        let m = self.get("/metrics");
+        let bearer = self.key.as_ref().map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|b| ("Authorization", b.as_str()))
+            .collect();
+        let m = self.request("GET", "/metrics", &headers, b"");
         assert_eq!(m.status, 200);
         m.text()
             .lines()
