@@ -170,7 +170,7 @@ def main():
     # token to the last end (the same measure as a single stream's decode rate)
     agg = (total_tokens - completed) / (max(ends) - min(firsts)) if completed else 0.0
     single = statistics.median(solo_rates) if solo_rates else 0.0
-    engine_decode = (m_after["vkdecode_decode_tokens_total"] - m_before["vkdecode_decode_tokens_total"]) / max(
+    engine_decode = (m_after["vkdecode_decode_only_tokens_total"] - m_before["vkdecode_decode_only_tokens_total"]) / max(
         1e-9, m_after["vkdecode_decode_seconds_total"] - m_before["vkdecode_decode_seconds_total"])
     fig = {
         "parallel": a.parallel, "clients": a.clients, "tokens": a.tokens, "ctx_size": a.ctx_size,

@@ -126,11 +126,10 @@ pub fn run(args: Args) -> Result<()> {
         },
     };
     let metrics = Arc::new(server::Metrics::default());
-    let build_file = file.clone();
+    let (build_file, build_tok) = (file.clone(), tok.clone());
     let (scheduler, info, engine_thread) = server::Scheduler::spawn(
-        move || server::SessionSlots::load(&build_file, &slots_opts),
+        move || server::SessionSlots::load(&build_file, build_tok, &slots_opts),
         args.queue,
-        tok.clone(),
         metrics.clone(),
     )?;
     if let Some(note) = &info.ctx_note {

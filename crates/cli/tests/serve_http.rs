@@ -383,3 +383,49 @@ fn serve_common_dechunk(raw: &[u8]) -> Vec<u8> {
     full.extend_from_slice(raw);
     Resp::parse(&full).body
 }
+
+#[test]
+fn a_second_chat_turn_prefills_only_its_new_tokens() {
+    let s = Server::start(&["--parallel", "2", "-c", "512"]);
+    let first = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24, "temperature": 0});
+    let r = s.post("/v1/chat/completions", &first);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let turn1 = v["usage"].clone();
+    let finish1 = v["choices"][0]["finish_reason"].clone();
+    assert_eq!(turn1["prompt_tokens_details"]["cached_tokens"], 0);
+
+    let second = json!({"messages": [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And of Italy?"},
+    ], "max_tokens": 8, "temperature": 0});
+    let r = s.post("/v1/chat/completions", &second);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt2 = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // the slot holds turn 1's prompt and every generated token it fed (all but the
+    // last one generated, when turn 1 ended on max_tokens)
+    let p1 = turn1["prompt_tokens"].as_u64().unwrap();
+    let g1 = turn1["completion_tokens"].as_u64().unwrap();
+    assert!(
+        reused >= p1 + g1 - 1 && reused <= p1 + g1,
+        "reused {reused} of turn 1's {p1} + {g1} ({finish1})"
+    );
+    assert_eq!(
+        v["timings"]["prompt_n"].as_u64().unwrap(),
+        prompt2 - reused,
+        "only the new tokens were prefilled"
+    );
+    assert_eq!(
+        s.metric("vkdecode_reused_prompt_tokens_total"),
+        reused as f64
+    );
+}

@@ -188,7 +188,7 @@ impl Head {
     }
 
     /// One answer object with `choices` (and `usage` when given).
-    fn wrap(&self, chunk: bool, choices: Value, usage: Option<&Usage>) -> Value {
+    fn wrap(&self, chunk: bool, choices: Value, usage: Option<(&Usage, f64)>) -> Value {
         let mut v = json!({
             "id": self.id,
             "object": self.object(chunk),
@@ -196,13 +196,15 @@ impl Head {
             "model": self.model,
             "choices": choices,
         });
-        if let Some(u) = usage {
+        if let Some((u, queued_ms)) = usage {
             v["usage"] = usage_json(u);
             v["timings"] = json!({
-                "queued_ms": u.queued_ms,
-                "prompt_ms": u.prefill_ms,
+                "queued_ms": queued_ms,
+                "prompt_ms": u.ttft_ms,
                 "predicted_ms": u.decode_ms,
-                "cached_tokens": u.cached_tokens,
+                "prompt_n": u.prefilled_tokens,
+                "cache_n": u.reused_tokens,
+                "predicted_n": u.generated_tokens,
             });
         }
         v
@@ -237,9 +239,9 @@ impl Head {
 fn usage_json(u: &Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens": u.generated_tokens,
+        "total_tokens": u.prompt_tokens + u.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.reused_tokens},
     })
 }
 
@@ -249,9 +251,13 @@ async fn whole_answer(head: Head, mut rx: UnboundedReceiver<JobEvent>) -> Respon
     loop {
         match rx.recv().await {
             Some(JobEvent::Text(t)) => text.push_str(&t),
-            Some(JobEvent::Done { finish, usage }) => {
+            Some(JobEvent::Done {
+                finish,
+                usage,
+                queued_ms,
+            }) => {
                 let choice = head.choice(false, Some(&text), Some(finish));
-                let body = head.wrap(false, json!([choice]), Some(&usage));
+                let body = head.wrap(false, json!([choice]), Some((&usage, queued_ms)));
                 return (StatusCode::OK, axum::Json(body)).into_response();
             }
             Some(JobEvent::Error(msg)) => return error_for(msg).into_response(),
@@ -317,7 +323,11 @@ fn stream_answer(head: Head, rx: UnboundedReceiver<JobEvent>, include_usage: boo
                     let choice = s.head.choice(true, Some(&t), None);
                     break sse(&s.head.wrap(true, json!([choice]), None));
                 }
-                Some(JobEvent::Done { finish, usage }) => {
+                Some(JobEvent::Done {
+                    finish,
+                    usage,
+                    queued_ms,
+                }) => {
                     s.ended = true;
                     let text = match s.head.kind {
                         Kind::Chat => None,
@@ -326,7 +336,11 @@ fn stream_answer(head: Head, rx: UnboundedReceiver<JobEvent>, include_usage: boo
                     let choice = s.head.choice(true, text, Some(finish));
                     let mut out = sse(&s.head.wrap(true, json!([choice]), None));
                     if s.include_usage {
-                        out.push_str(&sse(&s.head.wrap(true, json!([]), Some(&usage))));
+                        out.push_str(&sse(&s.head.wrap(
+                            true,
+                            json!([]),
+                            Some((&usage, queued_ms)),
+                        )));
                     }
                     out.push_str("data: [DONE]\n\n");
                     break out;

@@ -5,6 +5,8 @@ use std::time::Instant;
 use engine::SamplerOptions;
 use tokio::sync::mpsc::UnboundedSender;
 
+pub use crate::backend::Usage;
+
 /// Why a request's generation ended (OpenAI's `finish_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
@@ -23,30 +25,18 @@ impl Finish {
     }
 }
 
-/// Token counts and timings of a finished request.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Usage {
-    /// Prompt tokens (reused ones included).
-    pub prompt_tokens: usize,
-    /// Prompt tokens taken from the slot's cache (not prefilled).
-    pub cached_tokens: usize,
-    /// Tokens generated (an end-of-generation token not counted).
-    pub completion_tokens: usize,
-    /// From admission to the first token.
-    pub prefill_ms: f64,
-    /// From the first token to the end.
-    pub decode_ms: f64,
-    /// Time spent waiting in the queue.
-    pub queued_ms: f64,
-}
-
 /// What the engine thread sends a request's handler.
 #[derive(Debug)]
 pub enum JobEvent {
     /// Generated text ready to show (possibly empty: a token whose text is held back).
     Text(String),
     /// The generation ended.
-    Done { finish: Finish, usage: Usage },
+    Done {
+        finish: Finish,
+        usage: Usage,
+        /// Time spent waiting in the queue.
+        queued_ms: f64,
+    },
     /// The generation failed (the message is for the client).
     Error(String),
 }

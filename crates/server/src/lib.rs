@@ -24,7 +24,7 @@ pub mod scheduler;
 pub mod sessions;
 pub mod text;
 
-pub use crate::backend::{DecodeItem, SlotEngine};
+pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
 pub use crate::error::ApiError;
 pub use crate::http::{router, serve, AppState, ServerOptions};
 pub use crate::metrics::Metrics;

@@ -26,10 +26,16 @@ pub struct Metrics {
     pub reused_tokens: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
-    /// Time the engine spent prefilling, in nanoseconds.
+    /// Time of the engine steps that only prefilled, in nanoseconds.
     pub prefill_ns: AtomicU64,
-    /// Time the engine spent in decode steps, in nanoseconds.
+    /// Prompt tokens of those steps.
+    pub prefill_only_tokens: AtomicU64,
+    /// Time of the engine steps that only decoded, in nanoseconds.
     pub decode_ns: AtomicU64,
+    /// Tokens of those steps.
+    pub decode_only_tokens: AtomicU64,
+    /// Time of the steps that did both (a prompt chunk beside other slots' tokens).
+    pub mixed_ns: AtomicU64,
     /// Tokens produced by decode steps (every active slot's token of a step).
     pub decode_tokens: AtomicU64,
     /// Requests waiting for a slot.
@@ -61,17 +67,21 @@ impl Metrics {
         v.load(Ordering::Relaxed)
     }
 
-    /// Prompt tokens prefilled per second of prefill time, since the start.
+    /// Prompt tokens per second over the steps that only prefilled, since the start.
     pub fn prefill_tok_s(&self) -> f64 {
         per_second(
-            Self::get(&self.prefilled_tokens),
+            Self::get(&self.prefill_only_tokens),
             Self::get(&self.prefill_ns),
         )
     }
 
-    /// Tokens decoded per second of decode-step time (all slots together), since the start.
+    /// Tokens per second over the steps that only decoded (all slots together), since
+    /// the start.
     pub fn decode_tok_s(&self) -> f64 {
-        per_second(Self::get(&self.decode_tokens), Self::get(&self.decode_ns))
+        per_second(
+            Self::get(&self.decode_only_tokens),
+            Self::get(&self.decode_ns),
+        )
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
@@ -83,7 +93,7 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE vkdecode_{name} {kind}");
             let _ = writeln!(out, "vkdecode_{name} {value}");
         };
-        let rows: [(&str, &str, &str, String); 18] = [
+        let rows: [(&str, &str, &str, String); 20] = [
             ("requests_total", "counter", "Generation requests accepted into the queue.", g(&self.requests).to_string()),
             ("requests_failed_total", "counter", "Requests answered with an error status.", g(&self.requests_failed).to_string()),
             ("requests_rejected_busy_total", "counter", "Requests refused because the queue was full.", g(&self.requests_rejected_busy).to_string()),
@@ -93,10 +103,12 @@ impl Metrics {
             ("prefilled_tokens_total", "counter", "Prompt tokens prefilled (cache reuse not counted).", g(&self.prefilled_tokens).to_string()),
             ("reused_prompt_tokens_total", "counter", "Prompt tokens taken from a slot's cache.", g(&self.reused_tokens).to_string()),
             ("generated_tokens_total", "counter", "Tokens generated.", g(&self.generated_tokens).to_string()),
-            ("prefill_seconds_total", "counter", "Engine time spent prefilling.", secs(g(&self.prefill_ns))),
-            ("decode_seconds_total", "counter", "Engine time spent in decode steps.", secs(g(&self.decode_ns))),
-            ("prefill_tokens_per_second", "gauge", "Prompt tokens prefilled per second of prefill time, since the start.", format!("{:.3}", self.prefill_tok_s())),
-            ("decode_tokens_per_second", "gauge", "Tokens decoded per second of decode-step time, all slots together, since the start.", format!("{:.3}", self.decode_tok_s())),
+            ("prefill_seconds_total", "counter", "Time of the engine steps that only prefilled.", secs(g(&self.prefill_ns))),
+            ("decode_seconds_total", "counter", "Time of the engine steps that only decoded.", secs(g(&self.decode_ns))),
+            ("mixed_seconds_total", "counter", "Time of the engine steps that prefilled and decoded.", secs(g(&self.mixed_ns))),
+            ("decode_only_tokens_total", "counter", "Tokens of the steps that only decoded.", g(&self.decode_only_tokens).to_string()),
+            ("prefill_tokens_per_second", "gauge", "Prompt tokens per second over the steps that only prefilled, since the start.", format!("{:.3}", self.prefill_tok_s())),
+            ("decode_tokens_per_second", "gauge", "Tokens per second over the steps that only decoded, all slots together, since the start.", format!("{:.3}", self.decode_tok_s())),
             ("queue_length", "gauge", "Requests waiting for a slot.", g(&self.queue_len).to_string()),
             ("slots_busy", "gauge", "Slots running a request.", g(&self.slots_busy).to_string()),
             ("slots_busy_peak", "gauge", "The most slots busy at once since the start.", g(&self.slots_busy_peak).to_string()),
@@ -130,7 +142,7 @@ mod tests {
     fn the_exposition_has_help_type_and_value_for_each_metric() {
         let m = Metrics::default();
         Metrics::add(&m.generated_tokens, 7);
-        Metrics::add(&m.decode_tokens, 10);
+        Metrics::add(&m.decode_only_tokens, 10);
         Metrics::add(&m.decode_ns, 2_000_000_000);
         let text = m.render();
         assert!(text.contains(

@@ -4,26 +4,23 @@
 //! talks to it through a bounded channel of [`Job`]s (the queue: a full channel is a
 //! `503` with `Retry-After`) and gets [`JobEvent`]s back on a channel per job.
 //!
-//! Each turn of the loop: admit queued jobs into free slots (the free slot whose cache
-//! the prompt extends most); drop the jobs whose client went away (their slot is free at
-//! once); feed ONE prefill chunk of ONE slot still prefilling (oldest first), so a long
-//! prompt delays the others by one chunk per step, not by its whole length; then one
-//! decode step over every slot that has a token to feed.
+//! Each turn of the loop: admit queued jobs into idle slots (the engine picks the idle
+//! slot whose cache the prompt shares most); cancel the requests whose client went away
+//! (their slot is free after the next step); then one engine step, which gives every
+//! busy slot one unit of work (a prompt chunk while prefilling, else one token), so a
+//! long prompt is prefilled in chunks between the other slots' tokens.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{GenerateError, Sampler};
-use tokenizer::Tokenizer;
+use engine::GenerateError;
 use tracing::{debug, warn};
 
-use crate::backend::{DecodeItem, SlotEngine};
-use crate::job::{Finish, Job, JobEvent, Usage};
+use crate::backend::{Request, SlotEngine, SlotEvent};
+use crate::job::{Finish, Job, JobEvent};
 use crate::metrics::Metrics;
-use crate::text::TextOut;
 
 /// How long an idle engine thread sleeps before looking at the shutdown flag again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
@@ -52,7 +49,6 @@ impl Scheduler {
     pub fn spawn<E, I, B>(
         build: B,
         queue_len: usize,
-        tok: Arc<Tokenizer>,
         metrics: Arc<Metrics>,
     ) -> Result<(Scheduler, I, std::thread::JoinHandle<()>), GenerateError>
     where
@@ -71,7 +67,7 @@ impl Scheduler {
                 .spawn(move || match build() {
                     Ok((engine, info)) => {
                         let _ = ready_tx.send(Ok(info));
-                        Loop::new(engine, tok, metrics, cancel_all).run(rx);
+                        Loop::new(engine, metrics, cancel_all).run(rx);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -124,57 +120,31 @@ impl Scheduler {
     }
 }
 
-/// Where a running job is.
-enum Phase {
-    /// `done` of the prompt's tokens are in the cache.
-    Prefill { done: usize },
-    /// The next token to feed.
-    Decode { token: u32 },
-}
-
-/// A job in a slot.
+/// A request in a slot, as the HTTP side sees it.
 struct Running {
     job: Job,
-    phase: Phase,
-    sampler: Sampler,
-    text: TextOut,
-    generated: usize,
-    cached: usize,
     admitted: Instant,
-    first_token_at: Option<Instant>,
+    /// Cancelled by the scheduler: the message its client gets (none: the client is gone).
+    cancelled_because: Option<&'static str>,
 }
 
 struct Loop<E: SlotEngine> {
     engine: E,
-    tok: Arc<Tokenizer>,
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
     slots: Vec<Option<Running>>,
-    /// Slots in admission order, for prefill fairness.
-    order: VecDeque<usize>,
 }
 
 impl<E: SlotEngine> Loop<E> {
-    fn new(
-        engine: E,
-        tok: Arc<Tokenizer>,
-        metrics: Arc<Metrics>,
-        cancel_all: Arc<AtomicBool>,
-    ) -> Loop<E> {
+    fn new(engine: E, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>) -> Loop<E> {
         let n = engine.n_slots();
         Metrics::set(&metrics.slots_total, n as u64);
         Loop {
             engine,
-            tok,
             metrics,
             cancel_all,
             slots: (0..n).map(|_| None).collect(),
-            order: VecDeque::new(),
         }
-    }
-
-    fn busy(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Runs until the queue's sender is gone and no job is left.
@@ -182,10 +152,10 @@ impl<E: SlotEngine> Loop<E> {
         let mut open = true;
         loop {
             if self.cancel_all.load(Ordering::SeqCst) {
-                self.fail_everything(&rx, "the server is shutting down");
+                self.cancel_everything(&rx, "the server is shutting down");
             }
             open &= self.admit(&rx);
-            if self.busy() == 0 {
+            if self.engine.busy() == 0 {
                 if !open {
                     return;
                 }
@@ -196,16 +166,24 @@ impl<E: SlotEngine> Loop<E> {
                 }
                 continue;
             }
-            self.drop_disconnected();
-            self.prefill_one();
-            self.decode_step();
-            self.metrics.set_busy(self.busy() as u64);
+            self.cancel_disconnected();
+            if let Err(e) = self.step() {
+                // the engine as a whole failed (a lost device): every request ends
+                warn!("the engine failed: {e}");
+                let msg = format!("the engine failed: {e}");
+                for r in self.slots.iter_mut().filter_map(Option::take) {
+                    let _ = r.job.events.send(JobEvent::Error(msg.clone()));
+                }
+                self.fail_queue(&rx, &msg);
+                return;
+            }
+            self.metrics.set_busy(self.engine.busy() as u64);
         }
     }
 
-    /// Moves queued jobs into free slots; false once the queue's sender is gone.
+    /// Moves queued jobs into idle slots; false once the queue's sender is gone.
     fn admit(&mut self, rx: &Receiver<Job>) -> bool {
-        while self.slots.iter().any(|s| s.is_none()) {
+        while self.engine.busy() < self.engine.n_slots() {
             match rx.try_recv() {
                 Ok(job) => self.take(job),
                 Err(TryRecvError::Empty) => return true,
@@ -215,205 +193,140 @@ impl<E: SlotEngine> Loop<E> {
         true
     }
 
-    /// Starts `job` (just taken off the queue) in the free slot that reuses most.
-    fn take(&mut self, job: Job) {
+    /// Submits `job` (just taken off the queue) to the idle slot the engine picks.
+    fn take(&mut self, mut job: Job) {
         self.metrics.queue_len.fetch_sub(1, Ordering::Relaxed);
         if job.events.is_closed() {
             Metrics::add(&self.metrics.requests_cancelled, 1);
             return;
         }
-        let Some(slot) = (0..self.slots.len())
-            .filter(|&i| self.slots[i].is_none())
-            .max_by_key(|&i| (self.engine.reusable(i, &job.prompt), std::cmp::Reverse(i)))
-        else {
-            // admit() only takes a job when a slot is free
-            let _ = job.events.send(JobEvent::Error("no free slot".into()));
+        let Some(slot) = self.engine.pick_slot(&job.prompt) else {
+            // admit() only takes a job when a slot is idle
+            let _ = job.events.send(JobEvent::Error("no idle slot".into()));
             return;
         };
-        let cached = self.engine.start(slot, &job.prompt);
-        let mut sampler = Sampler::new(job.sampler.clone());
-        for &id in &job.prompt {
-            sampler.accept(id);
+        let req = Request {
+            prompt: std::mem::take(&mut job.prompt),
+            max_tokens: Some(job.max_tokens),
+            sampler: job.sampler.clone(),
+            stop: std::mem::take(&mut job.stop),
+            ignore_eos: job.ignore_eos,
+        };
+        match self.engine.submit(slot, req) {
+            Ok(adm) => {
+                debug!(
+                    slot,
+                    reused = adm.reused,
+                    to_prefill = adm.to_prefill,
+                    "admitted"
+                );
+                self.slots[slot] = Some(Running {
+                    job,
+                    admitted: Instant::now(),
+                    cancelled_because: None,
+                });
+                self.metrics.set_busy(self.engine.busy() as u64);
+            }
+            Err(e) => {
+                let _ = job.events.send(JobEvent::Error(e.to_string()));
+            }
         }
-        debug!(slot, n_prompt = job.prompt.len(), cached, "admitted");
-        Metrics::add(&self.metrics.reused_tokens, cached as u64);
-        self.slots[slot] = Some(Running {
-            text: TextOut::new(&job.stop),
-            job,
-            phase: Phase::Prefill { done: cached },
-            sampler,
-            generated: 0,
-            cached,
-            admitted: Instant::now(),
-            first_token_at: None,
-        });
-        self.order.push_back(slot);
-        self.metrics.set_busy(self.busy() as u64);
     }
 
-    /// Frees the slots whose client went away.
-    fn drop_disconnected(&mut self) {
+    /// Cancels the requests whose client went away (their slots are idle after the next
+    /// step).
+    fn cancel_disconnected(&mut self) {
         for slot in 0..self.slots.len() {
             if self.slots[slot]
                 .as_ref()
                 .is_some_and(|r| r.job.events.is_closed())
             {
-                debug!(slot, "client gone: slot freed");
-                let r = self.release(slot);
-                Metrics::add(&self.metrics.requests_cancelled, 1);
-                Metrics::add(&self.metrics.prompt_tokens, r.job.prompt.len() as u64);
+                debug!(slot, "client gone: cancelling");
+                self.engine.cancel(slot);
             }
         }
     }
 
-    fn release(&mut self, slot: usize) -> Running {
-        self.order.retain(|&s| s != slot);
-        let r = self.slots[slot].take().expect("release of a busy slot");
-        self.metrics.set_busy(self.busy() as u64);
-        r
-    }
-
-    /// One chunk of the oldest job still prefilling; its first token when the prompt is
-    /// all in.
-    fn prefill_one(&mut self) {
-        let Some(slot) = self.order.iter().copied().find(|&s| {
-            matches!(
-                self.slots[s].as_ref().map(|r| &r.phase),
-                Some(Phase::Prefill { .. })
-            )
-        }) else {
-            return;
-        };
-        let chunk_len = self.engine.chunk_len();
-        let r = self.slots[slot].as_mut().expect("busy slot");
-        let Phase::Prefill { done } = r.phase else {
-            return;
-        };
+    /// One engine step; its events go to their requests' channels.
+    fn step(&mut self) -> Result<(), GenerateError> {
         let start = Instant::now();
-        let end = (done + chunk_len).min(r.job.prompt.len());
-        let result = if done < end {
-            self.engine.prefill(slot, &r.job.prompt[done..end])
-        } else {
-            Ok(())
-        };
-        let result = result.and_then(|()| {
-            if end == r.job.prompt.len() {
-                self.engine.first_token(slot, &mut r.sampler).map(Some)
-            } else {
-                Ok(None)
+        let slots = &mut self.slots;
+        let metrics = &self.metrics;
+        let report = self.engine.step(&mut |e| match e {
+            SlotEvent::Token { .. } => Metrics::add(&metrics.generated_tokens, 1),
+            SlotEvent::Text { slot, text } => {
+                if let Some(r) = &slots[slot] {
+                    let _ = r.job.events.send(JobEvent::Text(text.to_string()));
+                }
             }
-        });
-        Metrics::add(&self.metrics.prefill_ns, start.elapsed().as_nanos() as u64);
-        Metrics::add(&self.metrics.prefilled_tokens, (end - done) as u64);
-        r.phase = Phase::Prefill { done: end };
-        match result {
-            Ok(None) => {}
-            Ok(Some(first)) => {
-                r.first_token_at = Some(Instant::now());
-                self.accept(slot, first);
+            SlotEvent::Done { slot, completion } => {
+                let Some(r) = slots[slot].take() else {
+                    return;
+                };
+                let u = &completion.usage;
+                Metrics::add(&metrics.prompt_tokens, u.prompt_tokens as u64);
+                Metrics::add(&metrics.reused_tokens, u.reused_tokens as u64);
+                let event = match (completion.finish_reason(), &completion.error) {
+                    (_, Some(err)) => {
+                        warn!(slot, "generation failed: {err}");
+                        JobEvent::Error(err.clone())
+                    }
+                    ("cancelled", None) => {
+                        Metrics::add(&metrics.requests_cancelled, 1);
+                        match r.cancelled_because {
+                            Some(why) => JobEvent::Error(why.into()),
+                            None => return,
+                        }
+                    }
+                    (reason, None) => {
+                        Metrics::add(&metrics.requests_finished, 1);
+                        JobEvent::Done {
+                            finish: if reason == "length" {
+                                Finish::Length
+                            } else {
+                                Finish::Stop
+                            },
+                            usage: *u,
+                            queued_ms: ms(r.admitted - r.job.queued_at),
+                        }
+                    }
+                };
+                let _ = r.job.events.send(event);
             }
-            Err(e) => self.fail(slot, &e),
+        })?;
+        let ns = start.elapsed().as_nanos() as u64;
+        Metrics::add(&self.metrics.prefilled_tokens, report.prefilled as u64);
+        Metrics::add(&self.metrics.decode_tokens, report.decoded as u64);
+        // a step that did only one kind of work times that kind; mixed steps are
+        // counted apart, so both rates are measured, not apportioned
+        match (report.prefilled > 0, report.decoded > 0) {
+            (true, false) => {
+                Metrics::add(&self.metrics.prefill_ns, ns);
+                Metrics::add(&self.metrics.prefill_only_tokens, report.prefilled as u64);
+            }
+            (false, true) => {
+                Metrics::add(&self.metrics.decode_ns, ns);
+                Metrics::add(&self.metrics.decode_only_tokens, report.decoded as u64);
+            }
+            (true, true) => Metrics::add(&self.metrics.mixed_ns, ns),
+            (false, false) => {}
         }
+        Ok(())
     }
 
-    /// One decode step over every slot with a token to feed.
-    fn decode_step(&mut self) {
-        let mut slots = Vec::new();
-        let mut items: Vec<DecodeItem<'_>> = Vec::new();
-        for (i, r) in self.slots.iter_mut().enumerate() {
-            if let Some(Running {
-                phase: Phase::Decode { token },
-                sampler,
-                ..
-            }) = r
-            {
-                slots.push(i);
-                items.push(DecodeItem {
-                    slot: i,
-                    token: *token,
-                    sampler,
-                });
-            }
-        }
-        if items.is_empty() {
-            return;
-        }
-        let start = Instant::now();
-        let results = self.engine.decode(&mut items);
-        drop(items);
-        Metrics::add(&self.metrics.decode_ns, start.elapsed().as_nanos() as u64);
-        Metrics::add(&self.metrics.decode_tokens, slots.len() as u64);
-        for (slot, result) in slots.into_iter().zip(results) {
-            match result {
-                Ok(next) => self.accept(slot, next),
-                Err(e) => self.fail(slot, &e),
-            }
-        }
-    }
-
-    /// Takes `next`, just chosen for `slot`: ends the job or queues it for the next step.
-    fn accept(&mut self, slot: usize, next: u32) {
-        let ctx_len = self.engine.ctx_len();
-        let pos = self.engine.pos(slot);
-        let tok = self.tok.clone();
-        let r = self.slots[slot].as_mut().expect("busy slot");
-        if tok.is_eog(next) && !r.job.ignore_eos {
-            return self.finish(slot, Finish::Stop, false);
-        }
-        r.sampler.accept(next);
-        r.generated += 1;
-        Metrics::add(&self.metrics.generated_tokens, 1);
-        let pushed = r.text.push(&tok, next);
-        if !pushed.text.is_empty() {
-            let _ = r.job.events.send(JobEvent::Text(pushed.text));
-        }
-        if pushed.stopped {
-            return self.finish(slot, Finish::Stop, true);
-        }
-        // the cache holds `pos` tokens; feeding `next` takes one more position
-        if r.generated >= r.job.max_tokens || pos + 1 >= ctx_len {
-            return self.finish(slot, Finish::Length, false);
-        }
-        r.phase = Phase::Decode { token: next };
-    }
-
-    fn finish(&mut self, slot: usize, finish: Finish, stopped_by_string: bool) {
-        let mut r = self.release(slot);
-        if !stopped_by_string {
-            let rest = r.text.finish();
-            if !rest.is_empty() {
-                let _ = r.job.events.send(JobEvent::Text(rest));
-            }
-        }
-        let now = Instant::now();
-        let first = r.first_token_at.unwrap_or(now);
-        let usage = Usage {
-            prompt_tokens: r.job.prompt.len(),
-            cached_tokens: r.cached,
-            completion_tokens: r.generated,
-            prefill_ms: ms(first - r.admitted),
-            decode_ms: ms(now - first),
-            queued_ms: ms(r.admitted - r.job.queued_at),
-        };
-        Metrics::add(&self.metrics.requests_finished, 1);
-        Metrics::add(&self.metrics.prompt_tokens, usage.prompt_tokens as u64);
-        let _ = r.job.events.send(JobEvent::Done { finish, usage });
-    }
-
-    fn fail(&mut self, slot: usize, err: &GenerateError) {
-        warn!(slot, "generation failed: {err}");
-        let r = self.release(slot);
-        Metrics::add(&self.metrics.prompt_tokens, r.job.prompt.len() as u64);
-        let _ = r.job.events.send(JobEvent::Error(err.to_string()));
-    }
-
-    fn fail_everything(&mut self, rx: &Receiver<Job>, why: &str) {
+    fn cancel_everything(&mut self, rx: &Receiver<Job>, why: &'static str) {
         for slot in 0..self.slots.len() {
-            if self.slots[slot].is_some() {
-                let r = self.release(slot);
-                let _ = r.job.events.send(JobEvent::Error(why.into()));
+            if let Some(r) = &mut self.slots[slot] {
+                if r.cancelled_because.is_none() {
+                    r.cancelled_because = Some(why);
+                    self.engine.cancel(slot);
+                }
             }
         }
+        self.fail_queue(rx, why);
+    }
+
+    fn fail_queue(&mut self, rx: &Receiver<Job>, why: &str) {
         while let Ok(job) = rx.try_recv() {
             self.metrics.queue_len.fetch_sub(1, Ordering::Relaxed);
             let _ = job.events.send(JobEvent::Error(why.into()));

@@ -6,17 +6,23 @@
 //!
 //! Prompt-prefix reuse: a slot remembers the tokens its cache holds; a prompt that
 //! extends them (the next turn of a chat) continues from there, and only the new tokens
-//! are prefilled.
+//! are prefilled (a session cannot cut its cache back, so a prompt that shares only part
+//! of it starts afresh). A step gives every busy slot one unit of work: the next prompt
+//! chunk while prefilling, else one token (each slot its own submit: no batched decode
+//! here; that is the engine `Slots` work).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arch::Config;
 use engine::generate::fit::{self, CtxRequest};
 use engine::generate::{check_finite, Forward};
-use engine::{GenerateError, Sampler, Session, SessionOptions};
+use engine::{GenerateError, Sampler, Session, SessionOptions, StopReason};
+use tokenizer::Tokenizer;
 use tracing::info_span;
 
-use crate::backend::{DecodeItem, SlotEngine};
+use crate::backend::{Admission, Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
+use crate::text::TextOut;
 
 /// How to build the slots.
 #[derive(Clone, Debug)]
@@ -47,22 +53,45 @@ pub struct SlotsInfo {
     pub load_ms: f64,
 }
 
-/// One slot: its forward pass and the tokens its cache holds.
+/// A request while it runs in a slot.
+struct Job {
+    req: Request,
+    sampler: Sampler,
+    text: TextOut,
+    ids: Vec<u32>,
+    /// Prompt tokens in the cache (the reused prefix, then each chunk fed).
+    fed: usize,
+    reused: usize,
+    /// The token chosen last, fed at the next step.
+    next: Option<u32>,
+    cancel: bool,
+    submitted: Instant,
+    first_token: Option<Instant>,
+}
+
+/// One slot: its forward pass, the tokens its cache holds, its request.
 struct Slot {
     forward: Box<dyn Forward>,
     cached: Vec<u32>,
+    job: Option<Job>,
+    last_used: u64,
 }
 
 /// N forward passes, one per slot.
 pub struct SessionSlots {
     slots: Vec<Slot>,
+    tok: Arc<Tokenizer>,
     ctx_len: usize,
     chunk_len: usize,
+    requests: u64,
 }
 
 impl SessionSlots {
     /// Slots over the given forward passes (all with the same context length).
-    pub fn new(forwards: Vec<Box<dyn Forward>>) -> Result<SessionSlots, GenerateError> {
+    pub fn new(
+        forwards: Vec<Box<dyn Forward>>,
+        tok: Arc<Tokenizer>,
+    ) -> Result<SessionSlots, GenerateError> {
         let Some(first) = forwards.first() else {
             return Err(GenerateError::Input("at least one slot is needed".into()));
         };
@@ -79,10 +108,14 @@ impl SessionSlots {
                 .map(|forward| Slot {
                     forward,
                     cached: Vec::new(),
+                    job: None,
+                    last_used: 0,
                 })
                 .collect(),
+            tok,
             ctx_len,
             chunk_len,
+            requests: 0,
         })
     }
 
@@ -92,10 +125,11 @@ impl SessionSlots {
     /// allocated.
     pub fn load(
         file: &Arc<gguf::GgufFile>,
+        tok: Arc<Tokenizer>,
         opts: &SlotsOptions,
     ) -> Result<(SessionSlots, SlotsInfo), GenerateError> {
         let _span = info_span!("load_slots", n = opts.n_slots).entered();
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         if opts.n_slots == 0 {
             return Err(GenerateError::Input("--parallel must be at least 1".into()));
         }
@@ -121,7 +155,7 @@ impl SessionSlots {
             weights_path = session.weights().report().path.clone();
             forwards.push(Box::new(session));
         }
-        let slots = SessionSlots::new(forwards)?;
+        let slots = SessionSlots::new(forwards, tok)?;
         let info = SlotsInfo {
             device: ctx.caps().name.clone(),
             weights_path,
@@ -133,34 +167,167 @@ impl SessionSlots {
         Ok((slots, info))
     }
 
-    fn slot(&mut self, slot: usize) -> Result<&mut Slot, GenerateError> {
-        let n = self.slots.len();
+    /// Prompt tokens slot `slot` would reuse for `prompt`.
+    pub fn reusable(&self, slot: usize, prompt: &[u32]) -> usize {
         self.slots
-            .get_mut(slot)
-            .ok_or_else(|| GenerateError::Input(format!("slot {slot} of {n}")))
+            .get(slot)
+            .map_or(0, |s| extends(&s.cached, prompt))
     }
 
-    /// Feeds `token` to `slot` and chooses the next one.
-    fn decode_one(&mut self, item: &mut DecodeItem<'_>) -> Result<u32, GenerateError> {
-        let slot = self.slot(item.slot)?;
-        let pos = slot.forward.pos();
-        let next = if item.sampler.is_greedy() && !slot.forward.wants_logits() {
-            slot.forward.decode_argmax(item.token)
+    /// The next prompt chunk of slot `i`; after the last one, the first token chosen.
+    fn prefill_chunk(
+        &mut self,
+        i: usize,
+        report: &mut StepReport,
+    ) -> Result<Option<u32>, GenerateError> {
+        let chunk_len = self.chunk_len;
+        let slot = &mut self.slots[i];
+        let job = slot.job.as_mut().expect("busy");
+        let end = (job.fed + chunk_len).min(job.req.prompt.len());
+        let chunk = &job.req.prompt[job.fed..end];
+        slot.forward.prefill(chunk)?;
+        slot.cached.extend_from_slice(chunk);
+        report.prefilled += chunk.len();
+        job.fed = end;
+        if end < job.req.prompt.len() {
+            return Ok(None);
+        }
+        let pos = slot.forward.pos().saturating_sub(1);
+        let next = if job.sampler.is_greedy() && !slot.forward.wants_logits() {
+            slot.forward.last_argmax()?
         } else {
-            slot.forward.decode_logits(item.token).and_then(|logits| {
-                check_finite(logits, pos)?;
-                Ok(item.sampler.sample(logits)?)
-            })
+            let logits = slot.forward.last_logits()?;
+            check_finite(logits, pos)?;
+            job.sampler.sample(logits)?
         };
-        match next {
-            Ok(t) => {
-                slot.cached.push(item.token);
-                Ok(t)
+        job.first_token = Some(Instant::now());
+        Ok(Some(next))
+    }
+
+    /// Feeds slot `i` its chosen token and chooses the next.
+    fn decode_one(&mut self, i: usize, report: &mut StepReport) -> Result<u32, GenerateError> {
+        let slot = &mut self.slots[i];
+        let job = slot.job.as_mut().expect("busy");
+        let token = job
+            .next
+            .take()
+            .expect("a decoding slot has a token to feed");
+        let pos = slot.forward.pos();
+        let next = if job.sampler.is_greedy() && !slot.forward.wants_logits() {
+            slot.forward.decode_argmax(token)?
+        } else {
+            let logits = slot.forward.decode_logits(token)?;
+            check_finite(logits, pos)?;
+            job.sampler.sample(logits)?
+        };
+        slot.cached.push(token);
+        report.decoded += 1;
+        Ok(next)
+    }
+
+    /// Takes `next`, just chosen for slot `i`: `Some(stop)` ends the request.
+    fn keep(
+        &mut self,
+        i: usize,
+        next: u32,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Option<StopReason> {
+        let ctx_len = self.ctx_len;
+        let slot = &mut self.slots[i];
+        let pos = slot.forward.pos();
+        let job = slot.job.as_mut().expect("busy");
+        if self.tok.is_eog(next) && !job.req.ignore_eos {
+            return Some(StopReason::Eog);
+        }
+        job.sampler.accept(next);
+        job.ids.push(next);
+        on_event(SlotEvent::Token { slot: i, id: next });
+        let pushed = job.text.push(&self.tok, next);
+        if !pushed.text.is_empty() {
+            on_event(SlotEvent::Text {
+                slot: i,
+                text: &pushed.text,
+            });
+        }
+        if pushed.stopped {
+            return Some(StopReason::StopString);
+        }
+        if job.req.max_tokens.is_some_and(|m| job.ids.len() >= m) {
+            return Some(StopReason::MaxTokens);
+        }
+        // the cache holds `pos` tokens; feeding `next` takes one more position
+        if pos + 1 >= ctx_len {
+            return Some(StopReason::ContextFull);
+        }
+        job.next = Some(next);
+        None
+    }
+
+    /// Ends slot `i`'s request with a `Done` event.
+    fn finish(
+        &mut self,
+        i: usize,
+        stop: StopReason,
+        error: Option<String>,
+        report: &mut StepReport,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) {
+        let slot = &mut self.slots[i];
+        let mut job = slot.job.take().expect("busy");
+        if error.is_some() {
+            // what the cache holds after a failed step is unknown: start over
+            forget(slot);
+        }
+        if stop != StopReason::StopString && error.is_none() {
+            let rest = job.text.finish();
+            if !rest.is_empty() {
+                on_event(SlotEvent::Text {
+                    slot: i,
+                    text: &rest,
+                });
             }
-            Err(e) => {
-                forget(slot);
-                Err(e)
-            }
+        }
+        let now = Instant::now();
+        let first = job.first_token.unwrap_or(now);
+        let completion = Completion {
+            stop,
+            error,
+            text: job.text.text().to_string(),
+            usage: Usage {
+                prompt_tokens: job.req.prompt.len(),
+                reused_tokens: job.reused,
+                prefilled_tokens: job.fed - job.reused,
+                generated_tokens: job.ids.len(),
+                ttft_ms: (first - job.submitted).as_secs_f64() * 1e3,
+                decode_ms: (now - first).as_secs_f64() * 1e3,
+            },
+            ids: job.ids,
+        };
+        report.finished += 1;
+        on_event(SlotEvent::Done {
+            slot: i,
+            completion: &completion,
+        });
+    }
+
+    /// After slot `i`'s unit of work: go on, or finish.
+    fn settle(
+        &mut self,
+        i: usize,
+        outcome: Result<Option<StopReason>, GenerateError>,
+        report: &mut StepReport,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) {
+        match outcome {
+            Ok(None) => {}
+            Ok(Some(stop)) => self.finish(i, stop, None, report, on_event),
+            Err(e) => self.finish(
+                i,
+                StopReason::Cancelled,
+                Some(e.to_string()),
+                report,
+                on_event,
+            ),
         }
     }
 }
@@ -186,68 +353,113 @@ impl SlotEngine for SessionSlots {
         self.slots.len()
     }
 
-    fn ctx_len(&self) -> usize {
+    fn ctx_per_slot(&self) -> usize {
         self.ctx_len
     }
 
-    fn chunk_len(&self) -> usize {
-        self.chunk_len
+    fn busy(&self) -> usize {
+        self.slots.iter().filter(|s| s.job.is_some()).count()
     }
 
-    fn reusable(&self, slot: usize, prompt: &[u32]) -> usize {
-        self.slots
-            .get(slot)
-            .map_or(0, |s| extends(&s.cached, prompt))
-    }
-
-    fn start(&mut self, slot: usize, prompt: &[u32]) -> usize {
-        let Some(s) = self.slots.get_mut(slot) else {
-            return 0;
-        };
-        let keep = extends(&s.cached, prompt);
-        if keep == 0 {
-            forget(s);
-        }
-        keep
-    }
-
-    fn prefill(&mut self, slot: usize, tokens: &[u32]) -> Result<(), GenerateError> {
-        let s = self.slot(slot)?;
-        match s.forward.prefill(tokens) {
-            Ok(()) => {
-                s.cached.extend_from_slice(tokens);
-                Ok(())
-            }
-            Err(e) => {
-                forget(s);
-                Err(e)
-            }
-        }
-    }
-
-    fn first_token(&mut self, slot: usize, sampler: &mut Sampler) -> Result<u32, GenerateError> {
-        let s = self.slot(slot)?;
-        let pos = s.forward.pos().saturating_sub(1);
-        let next = if sampler.is_greedy() && !s.forward.wants_logits() {
-            s.forward.last_argmax()
-        } else {
-            s.forward.last_logits().and_then(|logits| {
-                check_finite(logits, pos)?;
-                Ok(sampler.sample(logits)?)
+    fn pick_slot(&self, prompt: &[u32]) -> Option<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].job.is_none())
+            .max_by_key(|&i| {
+                (
+                    self.reusable(i, prompt),
+                    std::cmp::Reverse(self.slots[i].last_used),
+                    std::cmp::Reverse(i),
+                )
             })
-        };
-        if next.is_err() {
+    }
+
+    fn submit(&mut self, slot: usize, req: Request) -> Result<Admission, GenerateError> {
+        let n = self.slots.len();
+        let ctx_len = self.ctx_len;
+        let vocab = self.tok.vocab_size();
+        let s = self.slots.get_mut(slot).ok_or_else(|| {
+            GenerateError::Input(format!("slot {slot} does not exist ({n} slots)"))
+        })?;
+        if s.job.is_some() {
+            return Err(GenerateError::Input(format!("slot {slot} is busy")));
+        }
+        if req.prompt.is_empty() {
+            return Err(GenerateError::Input(
+                "the prompt tokenized to nothing".into(),
+            ));
+        }
+        if req.prompt.len() >= ctx_len {
+            return Err(GenerateError::Input(format!(
+                "the prompt is {} tokens but a slot's context holds {ctx_len}",
+                req.prompt.len()
+            )));
+        }
+        if req.max_tokens == Some(0) {
+            return Err(GenerateError::Input("max_tokens must be at least 1".into()));
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(GenerateError::Input(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let reused = extends(&s.cached, &req.prompt);
+        if reused == 0 {
             forget(s);
         }
-        next
+        self.requests += 1;
+        s.last_used = self.requests;
+        let mut sampler = Sampler::new(req.sampler.clone());
+        for &id in &req.prompt {
+            sampler.accept(id);
+        }
+        let to_prefill = req.prompt.len() - reused;
+        s.job = Some(Job {
+            text: TextOut::new(&req.stop),
+            req,
+            sampler,
+            ids: Vec::new(),
+            fed: reused,
+            reused,
+            next: None,
+            cancel: false,
+            submitted: Instant::now(),
+            first_token: None,
+        });
+        Ok(Admission { reused, to_prefill })
     }
 
-    fn decode(&mut self, batch: &mut [DecodeItem<'_>]) -> Vec<Result<u32, GenerateError>> {
-        batch.iter_mut().map(|item| self.decode_one(item)).collect()
+    fn cancel(&mut self, slot: usize) {
+        if let Some(job) = self.slots.get_mut(slot).and_then(|s| s.job.as_mut()) {
+            job.cancel = true;
+        }
     }
 
-    fn pos(&self, slot: usize) -> usize {
-        self.slots.get(slot).map_or(0, |s| s.forward.pos())
+    fn step(
+        &mut self,
+        on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Result<StepReport, GenerateError> {
+        let mut report = StepReport::default();
+        for i in 0..self.slots.len() {
+            let Some(job) = &self.slots[i].job else {
+                continue;
+            };
+            if job.cancel {
+                self.finish(i, StopReason::Cancelled, None, &mut report, on_event);
+                continue;
+            }
+            let outcome = if job.next.is_some() {
+                self.decode_one(i, &mut report)
+                    .map(|next| self.keep(i, next, on_event))
+            } else {
+                match self.prefill_chunk(i, &mut report) {
+                    Ok(Some(next)) => Ok(self.keep(i, next, on_event)),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            };
+            self.settle(i, outcome, &mut report, on_event);
+        }
+        Ok(report)
     }
 }
 
