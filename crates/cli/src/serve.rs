@@ -30,12 +30,7 @@ pub struct Args {
 
     /// Slots: requests generated at the same time, each with its own KV cache of
     /// --ctx-size positions (sized and reported at start).
-    #[arg(
-        short = 'n',
-        long = "parallel",
-        visible_alias = "np",
-        default_value_t = 1
-    )]
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: usize,
 
     /// Context of EACH slot in tokens (prompt plus generated); default 2048 (or the
