@@ -26,6 +26,7 @@ mod input;
 mod inspect;
 mod out;
 mod run;
+mod serve;
 mod stats;
 mod supervise;
 mod tokenize;
@@ -63,6 +64,8 @@ enum Command {
     /// Chat in the terminal: multi-turn, the model's template, the KV cache reused
     /// between turns (/help lists the commands).
     Chat(chat::Args),
+    /// An OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, slots.
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -90,6 +93,7 @@ fn main() {
         Some(Command::Info(args)) => info::run(args),
         Some(Command::Bench(args)) => bench::run(args),
         Some(Command::Chat(args)) => chat::run(args),
+        Some(Command::Serve(args)) => serve::run(args),
         // weights that may be file pages: a worker process, so that a file shrinking
         // under the run is reported by name (see `supervise`)
         None => match run::file_backed_model(&cli.run).filter(|_| !supervise::is_worker()) {

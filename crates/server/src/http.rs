@@ -1,0 +1,233 @@
+//! The HTTP side: the router, the shared state, the API-key check, body reading with a
+//! size limit, graceful shutdown.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use tokenizer::{ChatTemplate, Tokenizer};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::Scheduler;
+use crate::{handlers, misc};
+
+/// Limits and identity of the server.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The model's name in `/v1/models` and the `model` field requests must match.
+    pub model_id: String,
+    /// Other names a request's `model` may use (the file name, the path given).
+    pub model_aliases: Vec<String>,
+    /// A bearer token every route but `/health` requires.
+    pub api_key: Option<String>,
+    /// Largest request body, bytes (413 above).
+    pub max_body: usize,
+    /// Requests that may wait for a slot (503 with `Retry-After` beyond).
+    pub queue: usize,
+    /// Positions each slot holds.
+    pub ctx_len: usize,
+    /// Slots.
+    pub n_slots: usize,
+    /// After SIGTERM, how long in-flight requests may run before they are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// What every handler sees.
+pub struct AppState {
+    pub opts: ServerOptions,
+    pub scheduler: Scheduler,
+    pub tok: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub metrics: Arc<Metrics>,
+    /// Unix time the server started (`created` fields).
+    pub started: u64,
+    /// Set when a shutdown began: `/health` says so.
+    pub shutting_down: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(
+        opts: ServerOptions,
+        scheduler: Scheduler,
+        tok: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        metrics: Arc<Metrics>,
+    ) -> AppState {
+        AppState {
+            opts,
+            scheduler,
+            tok,
+            template,
+            metrics,
+            started: unix_now(),
+            shutting_down: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh number for response ids.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A request's `model` must name this server's model (absent is taken as it).
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m)
+                if m == self.opts.model_id || self.opts.model_aliases.iter().any(|a| a == m) =>
+            {
+                Ok(())
+            }
+            Some(m) => Err(ApiError {
+                param: Some("model"),
+                ..ApiError::not_found(
+                    format!(
+                        "the model {m:?} does not exist: this server serves {:?} (see /v1/models)",
+                        self.opts.model_id
+                    ),
+                    Some("model_not_found"),
+                )
+            }),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Every route.
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/models", get(misc::models))
+        .route("/metrics", get(misc::metrics))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/health", get(misc::health))
+        .merge(api)
+        .fallback(|| async {
+            ApiError::not_found("no such route (see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
+        })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(state.clone(), count_failures))
+        .with_state(state)
+}
+
+/// `Authorization: Bearer KEY` when the server has `--api-key`.
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.opts.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Counts error answers for `/metrics`.
+async fn count_failures(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status().is_client_error() || resp.status().is_server_error() {
+        Metrics::add(&st.metrics.requests_failed, 1);
+    }
+    resp
+}
+
+/// Compares without stopping at the first difference (the key's bytes are not leaked by
+/// timing).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body, at most `limit` bytes (413 beyond; a `Content-Length` over the limit is
+/// refused before reading).
+pub async fn read_body(
+    body: Body,
+    headers: &axum::http::HeaderMap,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    match axum::body::to_bytes(body, limit).await {
+        Ok(b) => Ok(b.to_vec()),
+        Err(e) => {
+            let over = std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                e.source()
+            })
+            .any(|e| e.to_string().contains("length limit"));
+            Err(if over {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::bad_request(format!("reading the request body: {e}"))
+            })
+        }
+    }
+}
+
+/// Parses a JSON body, a malformed one or a wrong type being a 400 that says where.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "the request body is not valid JSON"
+        } else {
+            "the request body does not match the API"
+        };
+        ApiError::bad_request(format!("{what}: {e}"))
+    })
+}
+
+/// Serves on `listener` until `shutdown` resolves; then stops accepting, lets in-flight
+/// requests run for the grace period, cancels what is left and returns once every
+/// connection is closed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let grace = state.opts.shutdown_grace;
+    let canceller = state.scheduler.canceller();
+    let st = state.clone();
+    drop(state);
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections; in-flight requests have {grace:?}");
+        st.shutting_down.store(true, Ordering::SeqCst);
+        drop(st);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            canceller.store(true, Ordering::SeqCst);
+        });
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await
+}

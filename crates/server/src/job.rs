@@ -1,0 +1,60 @@
+//! A generation request as the scheduler sees it, and what it sends back.
+
+use std::time::Instant;
+
+use engine::SamplerOptions;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub use crate::backend::Usage;
+
+/// Why a request's generation ended (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` (or the context, which caps it) reached.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the engine thread sends a request's handler.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// Generated text ready to show (possibly empty: a token whose text is held back).
+    Text(String),
+    /// The generation ended.
+    Done {
+        finish: Finish,
+        usage: Usage,
+        /// Time spent waiting in the queue.
+        queued_ms: f64,
+    },
+    /// The generation failed (the message is for the client).
+    Error(String),
+}
+
+/// One generation for the scheduler.
+pub struct Job {
+    /// Prompt token ids (already checked to fit the context).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (already capped by the context).
+    pub max_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    pub sampler: SamplerOptions,
+    /// Where events go; a closed receiver (the client went away) cancels the job at the
+    /// next step.
+    pub events: UnboundedSender<JobEvent>,
+    /// When the request was queued.
+    pub queued_at: Instant,
+}

@@ -1,0 +1,32 @@
+//! `vkdecode serve`: an OpenAI-compatible HTTP server (tokio + axum) over one loaded
+//! model, with `--parallel` slots and a bounded queue.
+//!
+//! - [`http`]: the router, limits, the API key, graceful shutdown;
+//!   [`handlers`] the two generation endpoints (JSON or server-sent events),
+//!   `misc` the small routes; [`params`] the request bodies and their checks;
+//!   [`error`] OpenAI's error shape.
+//! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
+//!   steps, disconnects), written against the [`backend::SlotEngine`] trait;
+//!   [`sessions`] implements it with one engine session per slot.
+//! - [`text`]: stop strings over streamed tokens; [`metrics`]: counters and the
+//!   Prometheus text.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod error;
+pub mod handlers;
+pub mod http;
+pub mod job;
+pub mod metrics;
+mod misc;
+pub mod params;
+pub mod scheduler;
+pub mod sessions;
+pub mod text;
+
+pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
+pub use crate::error::ApiError;
+pub use crate::http::{router, serve, AppState, ServerOptions};
+pub use crate::metrics::Metrics;
+pub use crate::scheduler::Scheduler;
+pub use crate::sessions::{SessionSlots, SlotsInfo, SlotsOptions};

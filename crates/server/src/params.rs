@@ -1,0 +1,345 @@
+//! The request bodies of `/v1/chat/completions` and `/v1/completions`, and their checks:
+//! every sampling value in range, `max_tokens` positive and capped by the context.
+//!
+//! Defaults are the CLI's (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95,
+//! min_p 0.05. A `max_tokens` above what the context leaves after the prompt is capped
+//! to it (as llama-server does), and the answer ends with `finish_reason: "length"`.
+
+use engine::SamplerOptions;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The generation fields both endpoints share (wide integer and float types, so that an
+/// out-of-range value is reported as out of range, not as a type error).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: Option<i64>,
+    /// The newer name of `max_tokens` in OpenAI's chat API.
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    /// llama-server's: keep going past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+    pub repeat_penalty: Option<f64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Only 1 is supported.
+    pub n: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage.
+    pub include_usage: Option<bool>,
+}
+
+/// One chat message; `content` is a string or a list of text parts.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `prompt`: a string, a list of one string, or a list of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// The checked generation settings of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    /// Asked-for most tokens (`None`: until the end or the context is full).
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerOptions,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Most stop strings a request may give.
+pub const MAX_STOP: usize = 16;
+
+impl Sampling {
+    /// Checks every field; `seed_default` is used when the request has no seed.
+    pub fn check(&self, seed_default: u64) -> Result<Checked, ApiError> {
+        let defaults = SamplerOptions::default();
+        let max = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => Some(("max_completion_tokens", m)),
+            (None, Some(m)) => Some(("max_tokens", m)),
+            (None, None) => None,
+        };
+        let max_tokens = match max {
+            None => None,
+            Some((name, m)) if m < 1 => {
+                return Err(ApiError::bad_param(
+                    if name == "max_tokens" {
+                        "max_tokens"
+                    } else {
+                        "max_completion_tokens"
+                    },
+                    format!("{name} must be at least 1 (got {m})"),
+                ))
+            }
+            Some((_, m)) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
+        };
+        let float = |param: &'static str,
+                     v: Option<f64>,
+                     default: f32,
+                     ok: fn(f64) -> bool,
+                     range: &str|
+         -> Result<f32, ApiError> {
+            match v {
+                None => Ok(default),
+                Some(v) if v.is_finite() && ok(v) => Ok(v as f32),
+                Some(v) => Err(ApiError::bad_param(
+                    param,
+                    format!("{param} {v} is out of range: {range}"),
+                )),
+            }
+        };
+        let temperature = float(
+            "temperature",
+            self.temperature,
+            defaults.temperature,
+            |v| (0.0..=2.0).contains(&v),
+            "0 to 2 (0 is greedy)",
+        )?;
+        let top_p = float(
+            "top_p",
+            self.top_p,
+            defaults.top_p,
+            |v| (0.0..=1.0).contains(&v),
+            "0 to 1 (1 disables)",
+        )?;
+        let min_p = float(
+            "min_p",
+            self.min_p,
+            defaults.min_p,
+            |v| (0.0..=1.0).contains(&v),
+            "0 to 1 (0 disables)",
+        )?;
+        let repeat_penalty = float(
+            "repeat_penalty",
+            self.repeat_penalty,
+            defaults.repeat_penalty,
+            |v| v > 0.0,
+            "above 0 (1 disables)",
+        )?;
+        let top_k = match self.top_k {
+            None => defaults.top_k,
+            Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(k) => {
+                return Err(ApiError::bad_param(
+                    "top_k",
+                    format!("top_k must be 0 (disabled) or more (got {k})"),
+                ))
+            }
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) if v.len() <= MAX_STOP => v.clone(),
+            Some(Stop::Many(v)) => {
+                return Err(ApiError::bad_param(
+                    "stop",
+                    format!("at most {MAX_STOP} stop strings (got {})", v.len()),
+                ))
+            }
+        };
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::bad_param(
+                "n",
+                format!("only n = 1 is supported (got {n})"),
+            ));
+        }
+        Ok(Checked {
+            max_tokens,
+            sampler: SamplerOptions {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                repeat_penalty,
+                seed: self.seed.map_or(seed_default, |s| s as u64),
+                ..defaults
+            },
+            stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            stream: self.stream.unwrap_or(false),
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+        })
+    }
+}
+
+/// The most tokens a request may generate: what it asked for, capped by what the context
+/// leaves after its prompt. A prompt that leaves no room is a 400.
+pub fn cap_max_tokens(
+    asked: Option<usize>,
+    n_prompt: usize,
+    ctx_len: usize,
+) -> Result<usize, ApiError> {
+    if n_prompt >= ctx_len {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::bad_param(
+                "messages",
+                format!(
+                    "the prompt is {n_prompt} tokens but a slot's context holds {ctx_len}: shorten it (or start the server with a larger --ctx-size)"
+                ),
+            )
+        });
+    }
+    let room = ctx_len - n_prompt;
+    Ok(asked.map_or(room, |m| m.min(room)))
+}
+
+impl ChatMessage {
+    /// The message's text: a string, or its text parts joined.
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(t)) => Ok(t.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad_param(
+                                "messages",
+                                format!(
+                                    "content parts of type {kind:?} are not supported (text only)"
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(json: &str) -> Result<Checked, ApiError> {
+        serde_json::from_str::<Sampling>(json).unwrap().check(7)
+    }
+
+    #[test]
+    fn defaults_are_the_clis() {
+        let c = check("{}").unwrap();
+        assert_eq!(
+            c.sampler,
+            SamplerOptions {
+                seed: 7,
+                ..SamplerOptions::default()
+            }
+        );
+        assert_eq!(c.max_tokens, None);
+        assert!(!c.stream);
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_field() {
+        for (json, param) in [
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"max_tokens": -5}"#, "max_tokens"),
+            (r#"{"max_completion_tokens": 0}"#, "max_completion_tokens"),
+            (r#"{"temperature": -0.1}"#, "temperature"),
+            (r#"{"temperature": 2.5}"#, "temperature"),
+            (r#"{"top_p": 1.5}"#, "top_p"),
+            (r#"{"min_p": -1}"#, "min_p"),
+            (r#"{"top_k": -1}"#, "top_k"),
+            (r#"{"repeat_penalty": 0}"#, "repeat_penalty"),
+            (r#"{"n": 2}"#, "n"),
+        ] {
+            let e = check(json).unwrap_err();
+            assert_eq!(e.status, 400, "{json}");
+            assert_eq!(e.param, Some(param), "{json}");
+        }
+    }
+
+    #[test]
+    fn a_huge_max_tokens_is_capped_by_the_context() {
+        let c = check(r#"{"max_tokens": 9223372036854775807}"#).unwrap();
+        assert_eq!(cap_max_tokens(c.max_tokens, 10, 2048).unwrap(), 2038);
+        assert_eq!(cap_max_tokens(Some(5), 10, 2048).unwrap(), 5);
+        assert_eq!(cap_max_tokens(None, 10, 2048).unwrap(), 2038);
+        let e = cap_max_tokens(Some(5), 2048, 2048).unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+    }
+
+    #[test]
+    fn stop_is_a_string_or_a_list() {
+        assert_eq!(check(r#"{"stop": "\n"}"#).unwrap().stop, vec!["\n"]);
+        assert_eq!(
+            check(r#"{"stop": ["a", "b"]}"#).unwrap().stop,
+            vec!["a", "b"]
+        );
+        assert!(serde_json::from_str::<Sampling>(r#"{"stop": 3}"#).is_err());
+    }
+
+    #[test]
+    fn wrong_types_do_not_parse() {
+        assert!(serde_json::from_str::<Sampling>(r#"{"max_tokens": "ten"}"#).is_err());
+        assert!(serde_json::from_str::<Sampling>(r#"{"temperature": "hot"}"#).is_err());
+        assert!(serde_json::from_str::<ChatRequest>(r#"{"messages": "hi"}"#).is_err());
+    }
+}
