@@ -858,7 +858,11 @@ fn every_matmul_variant_builds() {
     let Some(ctx) = ctx() else { return };
     let mut ks = Kernels::new(&ctx).unwrap();
     let mut used = std::collections::HashSet::new();
-    for ty in TYPES {
+    // Q5_0, Q5_1 and BF16 are checked against their twin in kernels_types.rs
+    for ty in TYPES
+        .into_iter()
+        .chain([GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::BF16])
+    {
         for (in_mode, out_mode) in [
             (InMode::RmsNorm, OutMode::Qkv),
             (InMode::Plain, OutMode::Add),
