@@ -1,6 +1,7 @@
 //! `vkdecode inspect`: a GGUF file's hyper-parameters, tokenizer, tensors and totals, as
 //! text or (`--json`) one JSON object. Each tensor says whether the GPU path reads it
-//! (the engine's own rule, `engine::support::tensor_support`: its type and row length).
+//! (the engine's own rule, `engine::support::tensor_support`: its type and row length),
+//! and the whole file whether a load would refuse it (`check_gpu_readable`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -104,6 +105,10 @@ pub struct Report {
     pub totals_by_type: BTreeMap<String, TypeTotal>,
     pub tensor_bytes: u64,
     pub parameters: u64,
+    /// Whether the GPU path reads every tensor the forward pass needs: `None` when it
+    /// does, else why not (the refusal a load would give; also when the architecture is
+    /// not known).
+    pub gpu_refusal: Option<String>,
     /// The shard plan (`--plan`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanReport>,
@@ -253,6 +258,12 @@ pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
         parameters: totals.values().map(|t| t.elements).sum(),
         tensors,
         totals_by_type: totals,
+        gpu_refusal: match arch::Config::from_gguf(g) {
+            Ok(cfg) => engine::support::check_gpu_readable(&cfg, g)
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        },
         plan: None,
     }
 }
@@ -358,6 +369,10 @@ fn print_text(r: &Report) {
         r.parameters,
         r.tensor_bytes
     );
+    match &r.gpu_refusal {
+        None => outln!("gpu           reads every tensor the forward pass needs"),
+        Some(why) => outln!("gpu           refused: {why}"),
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -267,8 +267,9 @@ fn with_unreadable_tensor(dir: &TempDir) -> PathBuf {
 }
 
 /// `inspect` marks each tensor: the converted Q5_0 file's weights and norms are read,
-/// the IQ4_NL weight is not (with the reason, in text and JSON); running that file is
-/// refused naming the tensor and its type.
+/// the IQ4_NL weight is not (with the reason, in text and JSON), and says whether the
+/// file as a whole runs on the GPU; running the IQ4_NL file is refused naming the tensor
+/// and its type.
 #[test]
 fn inspect_marks_gpu_support_and_run_refuses_an_unreadable_type() {
     let dir = TempDir::new("types-gpu");
@@ -276,6 +277,11 @@ fn inspect_marks_gpu_support_and_run_refuses_an_unreadable_type() {
     let o = vkdecode(&["inspect", "--json", bad.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let refusal = j["gpu_refusal"].as_str().unwrap();
+    assert!(
+        refusal.contains("blk.1.ffn_down.weight") && refusal.contains("IQ4_NL"),
+        "{refusal}"
+    );
     for t in j["tensors"].as_array().unwrap() {
         let bad_one = t["name"] == "blk.1.ffn_down.weight";
         assert_eq!(t["gpu"], !bad_one, "{t}");
@@ -302,6 +308,10 @@ fn inspect_marks_gpu_support_and_run_refuses_an_unreadable_type() {
         .find(|l| l.contains("blk.1.ffn_up.weight"))
         .unwrap();
     assert!(line.trim_end().ends_with("yes"), "{line}");
+    assert!(
+        text.contains("gpu           refused: tensor `blk.1.ffn_down.weight`: type IQ4_NL"),
+        "{text}"
+    );
 
     let q5 = model_in("q5_0", Make::Convert("q5_0"));
     let o = vkdecode(&["inspect", "--json", q5.to_str().unwrap()]);
@@ -312,6 +322,7 @@ fn inspect_marks_gpu_support_and_run_refuses_an_unreadable_type() {
         tensors.iter().all(|t| t["gpu"] == true),
         "every tensor read"
     );
+    assert!(j["gpu_refusal"].is_null(), "{}", j["gpu_refusal"]);
 
     let o = vkdecode(&["-m", bad.to_str().unwrap(), "-p", "hi", "-n", "2"]);
     assert!(!o.status.success());
