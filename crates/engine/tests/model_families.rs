@@ -2,7 +2,7 @@
 //! (reference::synthetic): qwen2 (q/k/v biases), qwen3 (per-head Q/K norms, head_dim ≠
 //! dim/n_heads, tied output), gemma3 (scaled embedding, Q/K norms, post-norms, GELU
 //! gating, sliding-window layers with their own RoPE base, logit softcap) and Llama 3's
-//! `rope_freqs` divisors: the residual after every layer and the logits at every position
+//! `rope_freqs` divisors (alone, and with linear RoPE scaling): the residual after every layer and the logits at every position
 //! (decode path, one token per submission, and the batched prefill path), and 32 greedy
 //! steps.
 //!
