@@ -2,7 +2,7 @@
 //! (reference::synthetic): qwen2 (q/k/v biases), qwen3 (per-head Q/K norms, head_dim ≠
 //! dim/n_heads, tied output), gemma3 (scaled embedding, Q/K norms, post-norms, GELU
 //! gating, sliding-window layers with their own RoPE base, logit softcap) and Llama 3's
-//! `rope_freqs` divisors: the residual after every layer and the logits at every position
+//! `rope_freqs` divisors (alone, and with linear RoPE scaling): the residual after every layer and the logits at every position
 //! (decode path, one token per submission, and the batched prefill path), and 32 greedy
 //! steps.
 //!
@@ -60,6 +60,15 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
 
 /// `bytes` with extra metadata (the tensors copied as they are).
 fn with_metadata(bytes: &[u8], extra: &[(&str, gguf::Value)]) -> Vec<u8> {
+    retyped(bytes, extra, |_| None)
+}
+
+/// `bytes` with extra metadata and the tensors `retype` names requantised to its type.
+fn retyped(
+    bytes: &[u8],
+    extra: &[(&str, gguf::Value)],
+    retype: impl Fn(&str) -> Option<GgmlType>,
+) -> Vec<u8> {
     let g = gguf::Gguf::parse(bytes).unwrap();
     let mut w = gguf::GgufWriter::new(32);
     for (k, v) in g
@@ -71,10 +80,34 @@ fn with_metadata(bytes: &[u8], extra: &[(&str, gguf::Value)]) -> Vec<u8> {
         w.add_metadata(k, v);
     }
     for t in &g.tensors {
-        let data = g.tensor_data(bytes, t).to_vec();
-        w.add_tensor(t.name.clone(), t.ty, &t.shape, data).unwrap();
+        let data = g.tensor_data(bytes, t);
+        let (ty, data) = match retype(&t.name) {
+            Some(ty) => {
+                let mut f = vec![0.0f32; t.shape.iter().product::<u64>() as usize];
+                gguf::quant::dequantize(t.ty, data, &mut f).unwrap();
+                (ty, gguf::quant::quantize(ty, &f).unwrap())
+            }
+            None => (t.ty, data.to_vec()),
+        };
+        w.add_tensor(t.name.clone(), ty, &t.shape, data).unwrap();
     }
     w.to_bytes()
+}
+
+/// gemma3 with q, k and v of different types (as Gemma 3 270M's Q5_0 q/k and Q8_0 v):
+/// the plain q/k/v is then one dispatch per view, each storing at its own place in the
+/// q/k/v row.
+fn tiny_gemma3_mixed() -> Vec<u8> {
+    let retype = |name: &str| {
+        if name.ends_with("attn_v.weight") {
+            Some(GgmlType::Q4_1)
+        } else if name.ends_with("attn_k.weight") {
+            Some(GgmlType::F16)
+        } else {
+            None
+        }
+    };
+    retyped(&tiny_gemma3(28, GgmlType::Q8_0, 4), &[], retype)
 }
 
 /// Llama 3's divisors and linear RoPE scaling (factor 4) together: both folded into the
@@ -101,6 +134,7 @@ fn models() -> Vec<(&'static str, Vec<u8>)> {
         ("llama3-linear-scaling", tiny_llama3_linear()),
         // the same family in a second weight type
         ("gemma3-q4_1", tiny_gemma3(25, GgmlType::Q4_1, 3)),
+        ("gemma3-mixed-qkv", tiny_gemma3_mixed()),
     ]
 }
 
