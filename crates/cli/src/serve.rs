@@ -121,11 +121,18 @@ pub fn run(args: Args) -> Result<()> {
         },
     };
     let metrics = Arc::new(server::Metrics::default());
+    // before every engine step: stop with an error if the model file was rewritten in
+    // place (as the main command checks between chunks and tokens)
+    let stamp = engine::residency::FileStamp::take(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let guard: server::scheduler::Guard =
+        Box::new(move || stamp.check().map_err(|e| e.to_string()));
     let (build_file, build_tok) = (file.clone(), tok.clone());
     let (scheduler, info, engine_thread) = server::Scheduler::spawn(
         move || server::SessionSlots::load(&build_file, build_tok, &slots_opts),
         args.queue,
         metrics.clone(),
+        Some(guard),
     )?;
     if let Some(note) = &info.ctx_note {
         eprintln!("{note}");

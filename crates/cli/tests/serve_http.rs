@@ -429,3 +429,41 @@ fn a_second_chat_turn_prefills_only_its_new_tokens() {
         reused as f64
     );
 }
+
+#[test]
+fn a_model_file_rewritten_in_place_stops_the_engine_with_a_reason() {
+    // a copy in a temporary directory: the shared model file is never touched
+    let dir = std::env::temp_dir().join(format!("vkdecode-serve-stamp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.gguf");
+    std::fs::copy(serve_common::q8(), &model).unwrap();
+    let s = Server::start_on(&model, &["--parallel", "1", "-c", "256"]);
+    assert!(!s.complete("The capital of France is", 2).is_empty());
+    // the file is "rewritten": same bytes, a new modification time
+    let f = std::fs::File::options().write(true).open(&model).unwrap();
+    f.set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.error()["message"]
+            .as_str()
+            .unwrap()
+            .contains("changed while mapped"),
+        "{}",
+        r.text()
+    );
+    // the server still answers, saying why it cannot generate
+    assert_eq!(s.get("/health").status, 503);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

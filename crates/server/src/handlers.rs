@@ -145,7 +145,10 @@ async fn generate(st: &Arc<AppState>, kind: Kind, prompt: Vec<u32>, c: Checked) 
             return ApiError::busy(st.opts.queue).into_response();
         }
         Err(SubmitError::Stopped) => {
-            return ApiError::unavailable("the server is shutting down").into_response()
+            return ApiError::unavailable(
+                "the engine has stopped (the server is shutting down, or failed: see its log)",
+            )
+            .into_response()
         }
     }
     let head = Head {
@@ -268,7 +271,7 @@ async fn whole_answer(head: Head, mut rx: UnboundedReceiver<JobEvent>) -> Respon
 
 /// A failure the engine reported: shutting down is a 503, the rest a 500.
 fn error_for(msg: String) -> ApiError {
-    if msg.contains("shutting down") {
+    if msg.contains("shutting down") || msg.contains("engine stopped") {
         ApiError::unavailable(msg)
     } else {
         ApiError::internal(msg)

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::http::{parse_json, read_body, AppState};
 use crate::metrics::Metrics;
 
-/// `GET /health`: 200 while serving, 503 once a shutdown began.
+/// `GET /health`: 200 while serving, 503 once a shutdown began or the engine stopped.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     let busy = Metrics::get(&st.metrics.slots_busy);
     let total = st.opts.n_slots as u64;
@@ -26,7 +26,9 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
             "queue_length": Metrics::get(&st.metrics.queue_len),
         }))
     };
-    if st.shutting_down.load(Ordering::SeqCst) {
+    if st.scheduler.engine_stopped() {
+        (StatusCode::SERVICE_UNAVAILABLE, body("engine stopped")).into_response()
+    } else if st.shutting_down.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, body("shutting down")).into_response()
     } else {
         (StatusCode::OK, body("ok")).into_response()

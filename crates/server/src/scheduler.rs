@@ -25,12 +25,18 @@ use crate::metrics::Metrics;
 /// How long an idle engine thread sleeps before looking at the shutdown flag again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
 
+/// A check run before every engine step (the CLI's: the mapped model file is unchanged);
+/// its error stops the engine: every request ends with it, and new ones get 503.
+pub type Guard = Box<dyn FnMut() -> Result<(), String> + Send>;
+
 /// The HTTP side's handle on the engine thread.
 #[derive(Clone)]
 pub struct Scheduler {
     queue: SyncSender<Job>,
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
+    /// Set when the engine thread stopped on a failure.
+    stopped: Arc<AtomicBool>,
 }
 
 /// Why a job was not queued.
@@ -50,6 +56,7 @@ impl Scheduler {
         build: B,
         queue_len: usize,
         metrics: Arc<Metrics>,
+        guard: Option<Guard>,
     ) -> Result<(Scheduler, I, std::thread::JoinHandle<()>), GenerateError>
     where
         E: SlotEngine,
@@ -59,15 +66,17 @@ impl Scheduler {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(queue_len.max(1));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let cancel_all = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(AtomicBool::new(false));
         let thread = {
             let metrics = metrics.clone();
             let cancel_all = cancel_all.clone();
+            let stopped = stopped.clone();
             std::thread::Builder::new()
                 .name("vkdecode-engine".into())
                 .spawn(move || match build() {
                     Ok((engine, info)) => {
                         let _ = ready_tx.send(Ok(info));
-                        Loop::new(engine, metrics, cancel_all).run(rx);
+                        Loop::new(engine, metrics, cancel_all, guard, stopped).run(rx);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -87,6 +96,7 @@ impl Scheduler {
             queue: tx,
             metrics,
             cancel_all,
+            stopped,
         };
         Ok((sched, info, thread))
     }
@@ -113,6 +123,12 @@ impl Scheduler {
         self.cancel_all.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the engine thread stopped on a failure (a lost device, the model file
+    /// changed): `/health` says so.
+    pub fn engine_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
     /// The flag [`Scheduler::cancel_all`] sets, for a timer that must not keep the queue
     /// open (the engine thread ends once every `Scheduler` is dropped).
     pub fn canceller(&self) -> Arc<AtomicBool> {
@@ -132,17 +148,27 @@ struct Loop<E: SlotEngine> {
     engine: E,
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
+    guard: Option<Guard>,
+    stopped: Arc<AtomicBool>,
     slots: Vec<Option<Running>>,
 }
 
 impl<E: SlotEngine> Loop<E> {
-    fn new(engine: E, metrics: Arc<Metrics>, cancel_all: Arc<AtomicBool>) -> Loop<E> {
+    fn new(
+        engine: E,
+        metrics: Arc<Metrics>,
+        cancel_all: Arc<AtomicBool>,
+        guard: Option<Guard>,
+        stopped: Arc<AtomicBool>,
+    ) -> Loop<E> {
         let n = engine.n_slots();
         Metrics::set(&metrics.slots_total, n as u64);
         Loop {
             engine,
             metrics,
             cancel_all,
+            guard,
+            stopped,
             slots: (0..n).map(|_| None).collect(),
         }
     }
@@ -167,14 +193,23 @@ impl<E: SlotEngine> Loop<E> {
                 continue;
             }
             self.cancel_disconnected();
-            if let Err(e) = self.step() {
-                // the engine as a whole failed (a lost device): every request ends
-                warn!("the engine failed: {e}");
-                let msg = format!("the engine failed: {e}");
+            let checked = match &mut self.guard {
+                Some(g) => g(),
+                None => Ok(()),
+            };
+            if let Err(e) = checked
+                .map_err(|e| e.to_string())
+                .and_then(|()| self.step().map_err(|e| e.to_string()))
+            {
+                // the engine as a whole failed (a lost device, the model file changed):
+                // every request ends, and the thread stops (new requests get 503)
+                warn!("the engine stopped: {e}");
+                let msg = format!("the engine stopped: {e}");
                 for r in self.slots.iter_mut().filter_map(Option::take) {
                     let _ = r.job.events.send(JobEvent::Error(msg.clone()));
                 }
                 self.fail_queue(&rx, &msg);
+                self.stopped.store(true, Ordering::SeqCst);
                 return;
             }
             self.metrics.set_busy(self.engine.busy() as u64);

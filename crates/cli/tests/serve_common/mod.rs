@@ -38,11 +38,15 @@ pub struct Server {
 impl Server {
     /// Starts `vkdecode serve -m <default model> --port 0 ARGS` and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
-        let model = q8();
+        Server::start_on(&q8(), args)
+    }
+
+    /// Starts `vkdecode serve -m MODEL --port 0 ARGS` and waits until it listens.
+    pub fn start_on(model: &std::path::Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
             .arg("serve")
             .arg("-m")
-            .arg(&model)
+            .arg(model)
             .args(["--port", "0"])
             .args(args)
             .stdout(Stdio::null())
