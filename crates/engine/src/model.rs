@@ -39,7 +39,11 @@ pub struct MatmulShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Batch {
     Decode,
+    /// Prompt tokens through the GEMM (`matmul_mm.comp`).
     Prefill,
+    /// Prompt tokens through matmul.comp 4 at a time, where the GEMM cannot run
+    /// ([`Kernels::gemm_supported`]).
+    PrefillMatvec,
 }
 
 /// Decode: 8 lanes × 8 row pairs = 128 rows per workgroup, one token (measured against 4
@@ -51,12 +55,19 @@ pub const DECODE_SHAPE: MatmulShape = MatmulShape {
     pairs: 8,
     tb: 1,
 };
-/// Prefill: each weight chunk loaded is used for 4 tokens (two pairs in lockstep: about
-/// 60 against 50 tok/s over a 200-token prompt).
-pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
+/// Prefill without the GEMM: each weight chunk loaded is used for 4 tokens (two pairs in
+/// lockstep: about 60 against 50 tok/s over a 200-token prompt).
+pub const PREFILL_MATVEC_SHAPE: MatmulShape = MatmulShape {
     wg: 8,
     pairs: 4,
     tb: 4,
+};
+/// Prefill: the GEMM (`matmul_mm.comp`), each weight chunk decoded once per tile of
+/// `tb` tokens (shape measured on lavapipe: kernels/gemm.rs).
+pub const PREFILL_SHAPE: MatmulShape = MatmulShape {
+    wg: kernels::GEMM_WG,
+    pairs: kernels::GEMM_PAIRS,
+    tb: kernels::GEMM_TILE,
 };
 
 /// What selects a matmul dispatch's pipeline, apart from the batch kind.
@@ -117,6 +128,8 @@ pub struct GpuModel {
     /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
     pub neox: bool,
     pub head_dim: u32,
+    /// The batch kind prompt chunks run as (the GEMM where the device runs it).
+    pub prefill: Batch,
     /// Texel views of the weights and activations the sets read.
     pub views: Vec<Arc<BufferView>>,
 }
@@ -126,6 +139,7 @@ pub fn matmul_key(v: &MatmulVariant, batch: Batch, neox: bool, head_dim: u32) ->
     let call = v;
     let shape = match batch {
         Batch::Prefill if !call.last_token_only => PREFILL_SHAPE,
+        Batch::PrefillMatvec if !call.last_token_only => PREFILL_MATVEC_SHAPE,
         _ => DECODE_SHAPE,
     };
     let qkv_neox = call.out_mode == OutMode::Qkv && neox;
@@ -370,6 +384,11 @@ impl GpuModel {
             argmax,
             neox,
             head_dim,
+            prefill: if kernels.gemm_supported() {
+                Batch::Prefill
+            } else {
+                Batch::PrefillMatvec
+            },
             views: views.all,
         })
     }
@@ -563,7 +582,12 @@ fn matmul_calls(
         let set = kernels
             .matmul(matmul_key(&variant, Batch::Decode, neox, head_dim))?
             .descriptor_set_with(&bindings.descriptors())?;
-        kernels.matmul(matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
+        let prefill = if kernels.gemm_supported() {
+            Batch::Prefill
+        } else {
+            Batch::PrefillMatvec
+        };
+        kernels.matmul(matmul_key(&variant, prefill, neox, head_dim))?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {
                 spec.name.clone()

@@ -9,17 +9,20 @@
 //!   Q4_0, Q4_1, F16, F32), with the fusions of DESIGN.md as build-time variants
 //!   ([`Epilogue`]): rmsnorm folded into the input, and the output stored, added to the
 //!   residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
+//! - `matmul_mm.comp`: the prefill GEMM over tiles of prompt tokens (same contract);
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
 //! - `argmax.comp`: the greedy token on the GPU.
 
 mod argmax;
 mod attention;
 mod embed;
+mod gemm;
 mod matmul;
 
 pub use argmax::*;
 pub use attention::*;
 pub use embed::*;
+pub use gemm::*;
 pub use matmul::*;
 
 use std::collections::HashMap;

@@ -1,0 +1,90 @@
+//! `matmul_mm.comp`: the prefill GEMM, `Y = W·X` over a tile of [`GEMM_TT`] prompt tokens
+//! per workgroup, each weight chunk decoded once per tile instead of once per 4 tokens.
+//! The contract is matmul.comp's ([`MatmulPush`](super::MatmulPush),
+//! [`MatmulBindings`](super::MatmulBindings), [`matmul_layout`](super::matmul_layout)
+//! with the key's `tb` the tokens per workgroup), so a prefill dispatch differs from a
+//! decode one only in its pipeline: a [`MatmulKey`] whose `tb` is a GEMM tile names a
+//! `matmul_mm` variant. The epilogues are matmul.glsl's (`store_pair`), minus the logits
+//! (one token: the decode shape).
+//!
+//! Also here: how many prompt tokens one prefill submission takes on a device
+//! ([`prefill_chunk`]).
+
+use super::{Epilogue, Kernels, MatmulKey};
+
+/// Tokens per workgroup the GEMM is built for (crates/vk/build.rs `GEMM_TT`).
+pub const GEMM_TT: [u32; 1] = [8];
+
+/// The prefill GEMM's shape measured best on lavapipe: lanes per workgroup, row pairs
+/// per lane (two at a time in lockstep), tokens per workgroup (one of [`GEMM_TT`]).
+/// Pairs 2 / 4 / 8: 2.04k / 2.15k / 2.67k tokens/s on a Q8_0 576x1536 matrix, 64 tokens
+/// (benches/gemm.rs; matmul.comp's 4-token shape: 1.12k in the same run).
+pub const GEMM_WG: u32 = 8;
+pub const GEMM_PAIRS: u32 = 8;
+pub const GEMM_TILE: u32 = 8;
+
+/// Whether a matmul key's `tb` selects the GEMM (a tile larger than matmul.comp's 4).
+pub fn is_gemm_tile(tb: u32) -> bool {
+    GEMM_TT.contains(&tb)
+}
+
+/// The compiled variant of a GEMM key: `matmul_mm.<type>.t<TT>.<epilogue>`.
+pub fn gemm_kernel_name(key: &MatmulKey, epi: Epilogue) -> String {
+    let ty = key.wtype.name().to_ascii_lowercase();
+    format!("matmul_mm.{ty}.t{}.{}", key.tb, epi.name())
+}
+
+impl Kernels {
+    /// Whether the GEMM runs on this device: it spreads a tile's input over the lanes of
+    /// a subgroup and broadcasts it back, so it needs subgroup ballot in compute and
+    /// subgroups of at least 4 lanes (otherwise prefill keeps matmul.comp's 4-token shape).
+    pub fn gemm_supported(&self) -> bool {
+        let caps = self.ctx.caps();
+        caps.subgroup_in_compute
+            && caps.subgroup_operations.contains(&"ballot")
+            && caps.subgroup_size >= 4
+    }
+}
+
+/// Prompt tokens per prefill submission measured best on lavapipe (see [`prefill_chunk`]).
+pub const LAVAPIPE_PREFILL_CHUNK: usize = 64;
+
+/// Prompt tokens one prefill submission takes on a device whose storage-buffer bindings
+/// are at most `max_range` bytes and whose dispatches have at most `max_groups_y`
+/// workgroups in y, for a model whose widest activation row (per token) has `widest`
+/// floats: the measured best ([`LAVAPIPE_PREFILL_CHUNK`]), fewer when a chunk's widest
+/// activation would not fit one binding or its token tiles one dispatch, and a whole
+/// number of GEMM tiles where it can be.
+pub fn prefill_chunk(max_range: u64, max_groups_y: u32, widest: usize, tile: u32) -> usize {
+    let tile = tile.max(1) as usize;
+    let by_range = (max_range / (4 * widest.max(1) as u64)).max(1) as usize;
+    let by_groups = (max_groups_y as usize).saturating_mul(tile).max(1);
+    let n = LAVAPIPE_PREFILL_CHUNK.min(by_range).min(by_groups);
+    if n >= tile {
+        n - n % tile
+    } else {
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The measured best where the device allows it; fewer, whole tiles where possible,
+    /// when one binding or the workgroup count would overflow.
+    #[test]
+    fn prefill_chunk_fits_the_device() {
+        let mib128 = 128 << 20;
+        assert_eq!(
+            prefill_chunk(mib128, 65535, 49152, 16),
+            LAVAPIPE_PREFILL_CHUNK
+        );
+        // 64 KiB bindings, 1536-float rows: 10 tokens fit, fewer than a tile
+        assert_eq!(prefill_chunk(64 << 10, 65535, 1536, 16), 10);
+        // 40 tokens fit: two whole tiles of 16
+        assert_eq!(prefill_chunk(40 * 4 * 1000, 65535, 1000, 16), 32);
+        // two workgroups in y: two tiles
+        assert_eq!(prefill_chunk(mib128, 2, 576, 16), 32);
+    }
+}
