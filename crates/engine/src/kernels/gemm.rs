@@ -46,13 +46,16 @@ impl Kernels {
     }
 }
 
-/// Prompt tokens per prefill submission measured best on lavapipe (see [`prefill_chunk`]).
+/// Prompt tokens per prefill submission on lavapipe (see [`prefill_chunk`]): the value
+/// used before the GEMM, not re-measured with it yet (a 64- and a 512-token prompt
+/// prefilled at the same rate, 40-44 tok/s on a busy machine, so per-chunk costs such as
+/// the submit and the attention over the cache do not dominate at this size).
 pub const LAVAPIPE_PREFILL_CHUNK: usize = 64;
 
 /// Prompt tokens one prefill submission takes on a device whose storage-buffer bindings
 /// are at most `max_range` bytes and whose dispatches have at most `max_groups_y`
 /// workgroups in y, for a model whose widest activation row (per token) has `widest`
-/// floats: the measured best ([`LAVAPIPE_PREFILL_CHUNK`]), fewer when a chunk's widest
+/// floats: lavapipe's value ([`LAVAPIPE_PREFILL_CHUNK`]), fewer when a chunk's widest
 /// activation would not fit one binding or its token tiles one dispatch, and a whole
 /// number of GEMM tiles where it can be.
 pub fn prefill_chunk(max_range: u64, max_groups_y: u32, widest: usize, tile: u32) -> usize {
@@ -71,7 +74,7 @@ pub fn prefill_chunk(max_range: u64, max_groups_y: u32, widest: usize, tile: u32
 mod tests {
     use super::*;
 
-    /// The measured best where the device allows it; fewer, whole tiles where possible,
+    /// Lavapipe's value where the device allows it; fewer, whole tiles where possible,
     /// when one binding or the workgroup count would overflow.
     #[test]
     fn prefill_chunk_fits_the_device() {
