@@ -17,7 +17,10 @@
 // ballot (kernels::gemm_supported).
 // Measured on lavapipe (benches/gemm.rs, Q8_0 576x1536, 64 tokens, a busy machine:
 // medians in prompt tokens/s of that matrix): matmul.comp tb4 1.12k; this kernel with 2,
-// 4, 8 pairs per lane 2.04k, 2.15k, 2.67k (engine: 8, kernels::GEMM_PAIRS). Tried and
+// 4, 8 pairs per lane 2.04k, 2.15k, 2.67k (engine: 8, kernels::GEMM_PAIRS). On a quieter
+// machine (load ~6) the two are at parity: tb4 / GEMM p8 23.7k / 21.7k (576x576),
+// 7.2k / 8.1k (576x1536), 9.6k / 8.2k (1536x576): the input fetches, not the weight
+// decode, bound both on lavapipe. Tried and
 // dropped: 16 tokens per tile with every lane fetching every token (4x slower than tb4
 // in a whole prefill: the fully unrolled body, ~5 s of JIT for 15 pipelines).
 //

@@ -18,7 +18,9 @@ pub const GEMM_TT: [u32; 1] = [8];
 /// The prefill GEMM's shape measured best on lavapipe: lanes per workgroup, row pairs
 /// per lane (two at a time in lockstep), tokens per workgroup (one of [`GEMM_TT`]).
 /// Pairs 2 / 4 / 8: 2.04k / 2.15k / 2.67k tokens/s on a Q8_0 576x1536 matrix, 64 tokens
-/// (benches/gemm.rs; matmul.comp's 4-token shape: 1.12k in the same run).
+/// (benches/gemm.rs, load average ~16; matmul.comp's 4-token shape: 1.12k in the same
+/// run). At load ~6 the GEMM (8 pairs) and the 4-token shape were at parity (0.86-1.14x
+/// over the three SmolLM2 shapes), a whole 512-token prefill 1.09-1.10x.
 pub const GEMM_WG: u32 = 8;
 pub const GEMM_PAIRS: u32 = 8;
 pub const GEMM_TILE: u32 = 8;
