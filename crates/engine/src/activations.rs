@@ -13,7 +13,7 @@ use crate::kernels;
 use crate::EngineError;
 
 /// Activation buffers and the KV cache, all f32. `B` is the batch capacity
-/// ([`crate::session::PREFILL_CHUNK`]), `C` the context length.
+/// ([`crate::session::Session::prefill_chunk`]), `C` the context length.
 pub struct Activations {
     /// [B][dim] the residual stream
     pub x: Buffer,

@@ -42,8 +42,10 @@ pub use crate::kernels::{Batch, MatmulShape};
 
 /// lavapipe's decode shape (`kernels::LAVAPIPE`; the device's own: `Kernels::shapes`).
 pub const DECODE_SHAPE: MatmulShape = kernels::LAVAPIPE.decode;
-/// lavapipe's prefill shape (`kernels::LAVAPIPE`).
-pub const PREFILL_SHAPE: MatmulShape = kernels::LAVAPIPE.prefill;
+/// lavapipe's prefill shape: the GEMM (`matmul_mm.comp`, `kernels::LAVAPIPE`).
+pub const PREFILL_SHAPE: MatmulShape = kernels::GEMM_SHAPE;
+/// lavapipe's prefill shape where the GEMM cannot run: matmul.comp 4 tokens at a time.
+pub const PREFILL_MATVEC_SHAPE: MatmulShape = kernels::LAVAPIPE.prefill;
 
 /// What selects a matmul dispatch's pipeline, apart from the batch kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +116,8 @@ pub struct GpuModel {
     /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
     pub neox: bool,
     pub head_dim: u32,
+    /// The batch kind prompt chunks run as (the GEMM where the device runs it).
+    pub prefill: Batch,
     /// Texel views of the weights and activations the sets read.
     pub views: Vec<Arc<BufferView>>,
 }
@@ -391,6 +395,7 @@ impl GpuModel {
             argmax,
             neox,
             head_dim,
+            prefill: kernels.prefill_batch(),
             views: views.all,
         })
     }
@@ -538,7 +543,7 @@ fn matmul_calls(
         let set = kernels
             .matmul(kernels.matmul_key(&variant, Batch::Decode, neox, head_dim))?
             .descriptor_set_with(&bindings.descriptors())?;
-        kernels.matmul(kernels.matmul_key(&variant, Batch::Prefill, neox, head_dim))?;
+        kernels.matmul(kernels.matmul_key(&variant, kernels.prefill_batch(), neox, head_dim))?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {
                 spec.name.clone()

@@ -24,9 +24,6 @@ use crate::EngineError;
 
 mod batch;
 
-/// Most prompt tokens one prefill submission processes (longer prompts go in chunks).
-pub const PREFILL_CHUNK: usize = 64;
-
 /// How a session is built.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -146,7 +143,8 @@ impl Session {
                 ),
             })?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
-        let acts = Activations::new(&ctx, &cfg, cache_rows, PREFILL_CHUNK)?;
+        let chunk = prefill_chunk(&ctx, &cfg);
+        let acts = Activations::new(&ctx, &cfg, cache_rows, chunk)?;
         let mut kernels = Kernels::new(&ctx)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
@@ -180,7 +178,7 @@ impl Session {
             acts,
             weights,
             logits_host: vec![0.0; cfg.vocab_size],
-            dump_host: vec![0.0; n_layers * PREFILL_CHUNK * cfg.dim],
+            dump_host: vec![0.0; n_layers * chunk * cfg.dim],
             cfg,
             ctx,
             ctx_len,
@@ -297,7 +295,14 @@ impl Session {
         self.last_prefill_profile.clone()
     }
 
-    /// Runs the prompt through the model in batches of up to [`PREFILL_CHUNK`] tokens at
+    /// Most prompt tokens one prefill submission processes (longer prompts go in chunks,
+    /// with a cancellation check between them in the generator): chosen for the device
+    /// by [`kernels::prefill_chunk`].
+    pub fn prefill_chunk(&self) -> usize {
+        self.acts.max_batch
+    }
+
+    /// Runs the prompt through the model in batches of up to [`Session::prefill_chunk`] tokens at
     /// positions `pos..pos+n`; afterwards [`Session::last_argmax`] / [`Session::last_logits`]
     /// give the prediction after the last prompt token.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
@@ -308,8 +313,8 @@ impl Session {
             ));
         }
         self.check_room(tokens.len())?;
-        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let n_chunks = tokens.len().div_ceil(self.acts.max_batch);
+        for (i, chunk) in tokens.chunks(self.acts.max_batch).enumerate() {
             let head = if i + 1 == n_chunks {
                 Head::LogitsArgmax
             } else {
@@ -344,7 +349,7 @@ impl Session {
         self.read_logits()
     }
 
-    /// Debug entry point for tests: runs `tokens` (at most [`PREFILL_CHUNK`]) as one batch
+    /// Debug entry point for tests: runs `tokens` (at most [`Session::prefill_chunk`]) as one batch
     /// at positions `pos..`, calling `observe(layer, x)` with the residual stream after
     /// every layer (`x`: `tokens.len() × dim`), and returns the logits of the last token.
     pub fn forward_observed(
@@ -352,9 +357,10 @@ impl Session {
         tokens: &[u32],
         observe: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<&[f32], EngineError> {
-        if tokens.is_empty() || tokens.len() > PREFILL_CHUNK {
+        let max = self.acts.max_batch;
+        if tokens.is_empty() || tokens.len() > max {
             return Err(EngineError::Input(format!(
-                "forward_observed takes 1..={PREFILL_CHUNK} tokens, got {}",
+                "forward_observed takes 1..={max} tokens, got {}",
                 tokens.len()
             )));
         }
@@ -365,7 +371,7 @@ impl Session {
         self.acts.layer_dump.read(0, &mut self.dump_host)?;
         self.counters.bytes_read_back += (self.cfg.n_layers * n * 4) as u64;
         for l in 0..self.cfg.n_layers {
-            let row = l * PREFILL_CHUNK * dim;
+            let row = l * max * dim;
             observe(l, &self.dump_host[row..row + n]);
         }
         self.read_logits()
@@ -443,7 +449,7 @@ impl Session {
             cfg: &self.cfg,
             ctx_len: self.ctx_len * self.pos.len(),
             n_tok: tokens.len() as u32,
-            batch: Batch::Prefill,
+            batch: self.model.prefill,
             profile: self.query.as_ref().map(|q| (q, &mut names)),
             head_row: None,
         };
@@ -572,4 +578,17 @@ fn rope_factors(file: &gguf::GgufFile, cfg: &Config) -> Result<Option<Vec<f32>>,
         return Err(bad(format!("divisor {f} is not a positive finite number")));
     }
     Ok(Some(out))
+}
+
+/// Prompt tokens per prefill submission on this device for this model
+/// ([`kernels::prefill_chunk`]: the widest per-token activation must fit one binding).
+fn prefill_chunk(ctx: &vk::Context, cfg: &Config) -> usize {
+    let caps = ctx.caps();
+    let widest = cfg.dim.max(cfg.hidden_dim).max(cfg.n_heads * cfg.head_dim);
+    kernels::prefill_chunk(
+        caps.max_storage_buffer_range,
+        caps.max_compute_work_group_count[1],
+        widest,
+        crate::model::PREFILL_SHAPE.tb,
+    )
 }

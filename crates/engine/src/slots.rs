@@ -31,7 +31,7 @@
 //! ([`Usage`], [`SlotCounters`]) say how many prompt tokens were prefilled vs reused.
 //!
 //! **Stepping.** [`Slots::step`] gives every busy slot one unit of work: the next chunk
-//! (up to [`crate::session::PREFILL_CHUNK`] tokens) of its prompt, one submit per slot,
+//! (up to [`Session::prefill_chunk`](crate::Session::prefill_chunk) tokens) of its prompt, one submit per slot,
 //! so a long prompt is prefilled in chunks between the other slots' tokens; then every
 //! decoding slot's chosen token is fed in ONE submit ([`Session::decode_batch`]): the
 //! slots' tokens are one batch, each with its own position and cache row in the step

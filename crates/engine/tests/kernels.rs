@@ -882,6 +882,12 @@ fn every_matmul_variant_builds() {
                 // (rmsnorm, store) at TB 4: a plain q/k/v in prefill (graph.rs)
                 keys.push(key(ty, in_mode, out_mode, false, tb));
             }
+            // the prefill GEMM (matmul_mm.comp): not for the logits
+            for tt in kernels::GEMM_TT {
+                if out_mode != OutMode::Store {
+                    keys.push(key(ty, in_mode, out_mode, false, tt));
+                }
+            }
             for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                 keys.push(MatmulKey {
                     split_k,
@@ -917,7 +923,9 @@ fn reflected_layouts_agree_with_the_engine_bindings() {
     let mut seen = 0;
     for k in vk::Kernel::ALL {
         let (n, kinds): (u32, &[vk::DescriptorKind]) = match k.name().split('.').next() {
-            Some("matmul" | "matmul_split") => (kernels::MATMUL_BINDINGS, &MatmulBindings::KINDS),
+            Some("matmul" | "matmul_split" | "matmul_mm") => {
+                (kernels::MATMUL_BINDINGS, &MatmulBindings::KINDS)
+            }
             Some("embed") => (kernels::EMBED_BINDINGS, &EmbedBindings::KINDS),
             Some("attention") => (kernels::ATTENTION_BINDINGS, &AttentionBindings::KINDS),
             Some("argmax") => (kernels::ARGMAX_BINDINGS, &ArgmaxBindings::KINDS),

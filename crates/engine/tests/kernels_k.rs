@@ -442,6 +442,7 @@ fn k_quant_embedding_gather_matches_reference() {
             };
             let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
             let push = EmbedPush {
+                scale: 1.0,
                 ncols: cols as u32,
                 out_ld: cols as u32,
                 n_tok: tokens.len() as u32,

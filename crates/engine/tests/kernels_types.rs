@@ -525,6 +525,7 @@ fn embedding_gather_matches_the_cpu_twin() {
             )
             .unwrap();
         let push = EmbedPush {
+            scale: 1.0,
             ncols: cols as u32,
             out_ld: cols as u32,
             n_tok: tokens.len() as u32,

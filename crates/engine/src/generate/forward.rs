@@ -2,7 +2,7 @@
 //! session checked against the reference (`--check`). One small trait is the switch.
 
 use crate::generate::GenerateError;
-use crate::session::{Counters, Session, PREFILL_CHUNK};
+use crate::session::{Counters, Session};
 
 /// A forward pass with a KV cache: feed tokens, read the next-token prediction.
 ///
@@ -47,7 +47,7 @@ pub trait Forward {
 
 impl Forward for Session {
     fn chunk_len(&self) -> usize {
-        PREFILL_CHUNK
+        self.prefill_chunk()
     }
     fn prefill(&mut self, tokens: &[u32]) -> Result<(), GenerateError> {
         Ok(Session::prefill(self, tokens)?)
@@ -189,7 +189,7 @@ impl Checked {
 
 impl Forward for Checked {
     fn chunk_len(&self) -> usize {
-        PREFILL_CHUNK
+        self.inner.prefill_chunk()
     }
     fn prefill(&mut self, tokens: &[u32]) -> Result<(), GenerateError> {
         self.reference.prefill(tokens)?;

@@ -86,7 +86,8 @@ pub struct MatmulKey {
     pub wg: u32,
     /// Row pairs per invocation.
     pub pairs: u32,
-    /// Tokens per invocation (1 or 4: [`MATMUL_TB`]).
+    /// Tokens per invocation (1 or 4: [`MATMUL_TB`]), or per workgroup of the prefill
+    /// GEMM ([`GEMM_TT`](super::GEMM_TT)).
     pub tb: u32,
     /// Whole rounds of `wg` chunks (64 columns) per row when the lanes split each row's
     /// columns instead of owning rows (one token only; `matmul_split.comp`'s `SPLIT_K`),
@@ -169,7 +170,9 @@ impl MatmulKey {
             )));
         }
         let ty = self.wtype.name().to_ascii_lowercase();
-        let name = if self.split_k > 0 {
+        let name = if super::is_gemm_tile(self.tb) {
+            super::gemm_kernel_name(self, epi)
+        } else if self.split_k > 0 {
             format!("matmul_split.{ty}.k{}.{}", self.split_k, epi.name())
         } else {
             format!("matmul.{ty}.tb{}.{}", self.tb, epi.name())

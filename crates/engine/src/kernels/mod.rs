@@ -10,6 +10,7 @@
 //!   Q2_K), with the fusions of DESIGN.md as build-time variants ([`Epilogue`]): rmsnorm
 //!   folded into the input, and the output stored, added to the residual, rope-rotated
 //!   into q and the KV cache, or gated by SwiGLU;
+//! - `matmul_mm.comp`: the prefill GEMM over tiles of prompt tokens (same contract);
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
 //! - `argmax.comp`: the greedy token on the GPU;
 //! - `heads.comp`, `post_norm.comp`, `softcap.comp`: the steps of the families beyond
@@ -18,6 +19,7 @@
 mod argmax;
 mod attention;
 mod embed;
+mod gemm;
 mod heads;
 mod matmul;
 mod post_norm;
@@ -27,6 +29,7 @@ mod softcap;
 pub use argmax::*;
 pub use attention::*;
 pub use embed::*;
+pub use gemm::*;
 pub use heads::*;
 pub use matmul::*;
 pub use post_norm::*;

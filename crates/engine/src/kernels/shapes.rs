@@ -28,7 +28,12 @@ pub struct MatmulShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Batch {
     Decode,
+    /// Prompt tokens through the entry's GEMM (`matmul_mm.comp`), or its 4-token matvec
+    /// shape where it has none.
     Prefill,
+    /// Prompt tokens through matmul.comp 4 at a time, where the GEMM cannot run
+    /// ([`Kernels::prefill_batch`](super::Kernels::prefill_batch)).
+    PrefillMatvec,
 }
 
 /// The shapes of one device class.
@@ -38,8 +43,11 @@ pub struct Shapes {
     pub name: &'static str,
     /// One token (decode, and the logits of a prefill).
     pub decode: MatmulShape,
-    /// A batch of prompt tokens.
+    /// A batch of prompt tokens, through matmul.comp.
     pub prefill: MatmulShape,
+    /// A batch of prompt tokens through the GEMM (`matmul_mm.comp`), when the entry has
+    /// one (it needs subgroup ballot: [`Kernels::gemm_supported`](super::Kernels::gemm_supported)).
+    pub gemm: Option<MatmulShape>,
     /// Lanes of a column-split workgroup (one subgroup), when the entry uses the column
     /// split; `None`: lanes own rows.
     pub split_lanes: Option<u32>,
@@ -62,6 +70,7 @@ pub const LAVAPIPE: Shapes = Shapes {
         pairs: 4,
         tb: 4,
     },
+    gemm: Some(super::GEMM_SHAPE),
     split_lanes: Some(8),
 };
 
@@ -81,6 +90,7 @@ pub const GENERIC: Shapes = Shapes {
         pairs: 2,
         tb: 4,
     },
+    gemm: None,
     split_lanes: None,
 };
 
@@ -121,7 +131,7 @@ impl Shapes {
             s.wg <= caps.max_compute_work_group_size[0]
                 && s.wg <= caps.max_compute_work_group_invocations
         };
-        if !wg_ok(&self.decode) || !wg_ok(&self.prefill) {
+        if !wg_ok(&self.decode) || !wg_ok(&self.prefill) || !self.gemm.as_ref().is_none_or(wg_ok) {
             return false;
         }
         match self.split_lanes {
@@ -149,7 +159,8 @@ impl Shapes {
     /// run the decode shape).
     pub fn of(&self, batch: Batch, last_token_only: bool) -> MatmulShape {
         match batch {
-            Batch::Prefill if !last_token_only => self.prefill,
+            Batch::Prefill if !last_token_only => self.gemm.unwrap_or(self.prefill),
+            Batch::PrefillMatvec if !last_token_only => self.prefill,
             _ => self.decode,
         }
     }
@@ -239,7 +250,8 @@ mod tests {
 
     #[test]
     fn batch_kinds_map_to_their_shapes() {
-        assert_eq!(LAVAPIPE.of(Batch::Prefill, false), LAVAPIPE.prefill);
+        assert_eq!(LAVAPIPE.of(Batch::Prefill, false), super::super::GEMM_SHAPE);
+        assert_eq!(LAVAPIPE.of(Batch::PrefillMatvec, false), LAVAPIPE.prefill);
         assert_eq!(LAVAPIPE.of(Batch::Prefill, true), LAVAPIPE.decode);
         assert_eq!(GENERIC.of(Batch::Decode, false), GENERIC.decode);
     }

@@ -12,7 +12,7 @@ use tokenizer::Tokenizer;
 use super::{Completion, Request, StepReport, Usage};
 use crate::generate::{check_finite, ms, Event, GenerateError, Output, Push, StopReason};
 use crate::sampling::Sampler;
-use crate::session::{Session, PREFILL_CHUNK};
+use crate::session::Session;
 
 pub(super) struct Job {
     prompt: Vec<u32>,
@@ -74,7 +74,7 @@ impl Job {
         cached: &mut Vec<u32>,
         report: &mut StepReport,
     ) -> Result<Option<u32>, GenerateError> {
-        let end = (self.fed + PREFILL_CHUNK).min(self.prompt.len());
+        let end = (self.fed + session.prefill_chunk()).min(self.prompt.len());
         let chunk = &self.prompt[self.fed..end];
         session.prefill(chunk)?;
         cached.extend_from_slice(chunk);
