@@ -105,7 +105,7 @@ pub fn run(args: Args) -> Result<()> {
     let model_id = args.alias.clone().unwrap_or_else(|| stem.clone());
 
     let slots_opts = server::SlotsOptions {
-        n_slots: args.parallel,
+        slots: args.parallel,
         ctx: match args.ctx_size {
             None => CtxRequest::Default(2048),
             Some(0) => CtxRequest::Model,
@@ -119,6 +119,7 @@ pub fn run(args: Args) -> Result<()> {
             },
             ..Default::default()
         },
+        ..Default::default()
     };
     let metrics = Arc::new(server::Metrics::default());
     // before every engine step: stop with an error if the model file was rewritten in
@@ -127,9 +128,13 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("reading {}", path.display()))?;
     let guard: server::scheduler::Guard =
         Box::new(move || stamp.check().map_err(|e| e.to_string()));
-    let (build_file, build_tok) = (file.clone(), tok.clone());
+    let build_file = file.clone();
     let (scheduler, info, engine_thread) = server::Scheduler::spawn(
-        move || server::SessionSlots::load(&build_file, build_tok, &slots_opts),
+        move || {
+            let slots = server::Slots::load(&build_file, &slots_opts)?;
+            let info = slots.info().clone();
+            Ok((slots, info))
+        },
         args.queue,
         metrics.clone(),
         Some(guard),
@@ -143,7 +148,7 @@ pub fn run(args: Args) -> Result<()> {
         info.device,
         info.weights_path,
         args.parallel,
-        info.ctx_len,
+        info.ctx_per_slot,
         info.kv_bytes_per_slot as f64 / (1 << 20) as f64,
         (info.kv_bytes_per_slot * args.parallel as u64) as f64 / (1 << 20) as f64,
         info.load_ms,
@@ -154,7 +159,7 @@ pub fn run(args: Args) -> Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body,
         queue: args.queue,
-        ctx_len: info.ctx_len,
+        ctx_len: info.ctx_per_slot,
         n_slots: args.parallel,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };

@@ -6,10 +6,10 @@
 //!   `misc` the small routes; [`params`] the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
 //! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
-//!   steps, disconnects), written against the [`backend::SlotEngine`] trait;
-//!   [`sessions`] implements it with one engine session per slot.
-//! - [`text`]: stop strings over streamed tokens; [`metrics`]: counters and the
-//!   Prometheus text.
+//!   steps, disconnects), written against the [`backend::SlotEngine`] trait, which
+//!   `engine::Slots` implements (one mapping of the weights, every decoding slot
+//!   advanced in one submit).
+//! - [`metrics`]: counters and the Prometheus text.
 #![forbid(unsafe_code)]
 
 pub mod backend;
@@ -21,12 +21,10 @@ pub mod metrics;
 mod misc;
 pub mod params;
 pub mod scheduler;
-pub mod sessions;
-pub mod text;
 
 pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
 pub use crate::error::ApiError;
 pub use crate::http::{router, serve, AppState, ServerOptions};
 pub use crate::metrics::Metrics;
 pub use crate::scheduler::Scheduler;
-pub use crate::sessions::{SessionSlots, SlotsInfo, SlotsOptions};
+pub use engine::{Slots, SlotsInfo, SlotsOptions};
