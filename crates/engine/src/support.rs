@@ -20,14 +20,6 @@ pub fn row_multiple(ty: GgmlType) -> usize {
     ty.block_size().max(CHUNK)
 }
 
-/// The weight types the matmul and embedding kernels read, in ggml's order.
-pub fn gpu_weight_types() -> Vec<GgmlType> {
-    GgmlType::ALL
-        .into_iter()
-        .filter(|&t| kernels::supported_weight_type(t))
-        .collect()
-}
-
 /// Whether the GPU path can read tensor `t`; `Err` says why not (without the name).
 pub fn tensor_support(t: &TensorInfo) -> Result<(), String> {
     match t.shape.len() {
@@ -36,14 +28,11 @@ pub fn tensor_support(t: &TensorInfo) -> Result<(), String> {
             "a vector of type {}: the GPU path binds vectors as F32",
             t.ty.name()
         )),
-        2 if !kernels::supported_weight_type(t.ty) => {
-            let names: Vec<&str> = gpu_weight_types().iter().map(|t| t.name()).collect();
-            Err(format!(
-                "type {} is not read by the GPU kernels (they read {})",
-                t.ty.name(),
-                names.join(", ")
-            ))
-        }
+        2 if !kernels::supported_weight_type(t.ty) => Err(format!(
+            "type {} is not read by the GPU kernels (they read {})",
+            t.ty.name(),
+            kernels::supported_weight_type_names()
+        )),
         2 => {
             let cols = t.shape[0];
             let m = row_multiple(t.ty) as u64;

@@ -882,11 +882,10 @@ fn every_matmul_variant_builds() {
                 // (rmsnorm, store) at TB 4: a plain q/k/v in prefill (graph.rs)
                 keys.push(key(ty, in_mode, out_mode, false, tb));
             }
-            // the prefill GEMM (matmul_mm.comp): not for the logits
+            // the prefill GEMM (matmul_mm.comp), every epilogue ((rmsnorm, store): the
+            // plain q/k/v of the families with heads.comp)
             for tt in kernels::GEMM_TT {
-                if out_mode != OutMode::Store {
-                    keys.push(key(ty, in_mode, out_mode, false, tt));
-                }
+                keys.push(key(ty, in_mode, out_mode, false, tt));
             }
             for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                 keys.push(MatmulKey {
