@@ -8,22 +8,17 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::gpu::*;
 use common::*;
 use engine::kernels::{
-    self, ArgmaxBindings, ArgmaxPush, AttentionBindings, AttentionPush, EmbedBindings, EmbedPush,
-    InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
+    self, ArgmaxBindings, ArgmaxPush, AttentionBindings, AttentionPush, EmbedBindings, InMode,
+    Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
-use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
 use reference::RopeMode;
-use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
 
-const U: f32 = 1.0 / 16_777_216.0;
-const TOL_K: f32 = 4.0;
 const TYPES: [GgmlType; 5] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
@@ -31,71 +26,6 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::F16,
     GgmlType::F32,
 ];
-
-fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
-    let mut cmd = CommandBuffer::new(ctx).unwrap();
-    cmd.begin().unwrap();
-    cmd.dispatch(p, set, push, groups);
-    cmd.host_barrier();
-    cmd.end().unwrap();
-    ctx.submit_and_wait(&cmd).unwrap();
-}
-
-/// Dequantised weights (rows × cols) as the kernels see them.
-fn dequant(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
-    let mut out = vec![0.0; n];
-    gguf::quant::dequantize(ty, bytes, &mut out).unwrap();
-    out
-}
-
-/// `Σ_c |W[r][c]·x[c]|` per row: the magnitude the tolerance scales with.
-fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(cols)
-        .map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum())
-        .collect()
-}
-
-/// The weight texel view (R32UI) of a buffer.
-fn wview(ctx: &Arc<Context>, b: &Buffer, ty: GgmlType) -> BufferView {
-    BufferView::new(ctx, b.binding(), kernels::weight_texel_format(ty)).unwrap()
-}
-
-/// A weight buffer, zero-padded to whole 16-byte texels (the engine checks that a part's
-/// bytes lie in whole texels of its view; in a GGUF file the next tensor or padding
-/// follows).
-fn wupload(ctx: &Arc<Context>, name: &str, bytes: &[u8]) -> Buffer {
-    let mut v = bytes.to_vec();
-    v.resize(v.len().next_multiple_of(16), 0);
-    upload(ctx, name, &v)
-}
-
-/// The activation texel view (RGBA32F) of a buffer.
-fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
-    BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
-}
-
-/// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
-fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
-    x.chunks(g.len())
-        .flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b))
-        .collect()
-}
-
-/// A matmul set, through the engine's own binding contract.
-fn matmul_set(p: &Pipeline, b: MatmulBindings<'_>) -> DescriptorSet {
-    p.descriptor_set_with(&b.descriptors()).unwrap()
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let t = tol(i);
-        assert!(
-            (g - w).abs() <= t,
-            "{what}[{i}]: gpu {g} vs reference {w} (tolerance {t})"
-        );
-    }
-}
 
 fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
     MatmulKey {
@@ -108,37 +38,6 @@ fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) ->
         tb,
         split_k: 0,
     }
-}
-
-/// The engine's own keys for a dispatch over rows of `cols` columns
-/// (`Kernels::matmul_key`, in the device's shapes): the prefill shape, the decode shape (with the column split the
-/// engine picks on this device), and where the split is picked, the row-per-lane decode
-/// fallback. The logits read one token: decode shape only.
-fn engine_keys(
-    ks: &Kernels,
-    ty: GgmlType,
-    (in_mode, out_mode): (InMode, OutMode),
-    neox: bool,
-    head_dim: u32,
-    cols: usize,
-) -> Vec<MatmulKey> {
-    let v = MatmulVariant {
-        wtype: ty,
-        in_mode,
-        out_mode,
-        last_token_only: out_mode == OutMode::Store,
-        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
-    };
-    let fallback = MatmulVariant { split_k: 0, ..v };
-    let mut keys = vec![
-        ks.matmul_key(&v, Batch::Prefill, neox, head_dim),
-        ks.matmul_key(&v, Batch::Decode, neox, head_dim),
-        ks.matmul_key(&fallback, Batch::Decode, neox, head_dim),
-    ];
-    keys.dedup();
-    keys.sort_by_key(|k| (k.tb, k.split_k));
-    keys.dedup();
-    keys
 }
 
 /// lavapipe (the CI device) has subgroup arithmetic: the column split must be chosen
@@ -228,25 +127,21 @@ fn matmul_store_and_add_match_reference_for_every_type() {
             let init = rng.vec(n_tok * rows, 1.0);
             {
                 let out_mode = OutMode::Add;
-                for k in engine_keys(&ks, ty, (InMode::Plain, out_mode), false, 0, cols) {
+                for k in engine_keys(&ks, ty, (InMode::Plain, out_mode), (false, 0), cols) {
                     let out = upload(&ctx, "out", &init);
                     let xg = zeros(&ctx, "xg", n_tok * rows);
-                    let p = ks.matmul(k).unwrap();
-                    let set = matmul_set(
-                        p,
-                        MatmulBindings {
-                            w0: &wv,
-                            w1: &dummy_w,
-                            x: &xv,
-                            aux: gbuf.binding(),
-                            out0: out.binding(),
-                            out1: xg.binding(),
-                            out2: dummy.binding(),
-                            step: step.binding(),
-                            xr: &xv,
-                        },
-                    );
-                    let mut push = MatmulPush {
+                    let bindings = MatmulBindings {
+                        w0: &wv,
+                        w1: &dummy_w,
+                        x: &xv,
+                        aux: gbuf.binding(),
+                        out0: out.binding(),
+                        out1: xg.binding(),
+                        out2: dummy.binding(),
+                        step: step.binding(),
+                        xr: &xv,
+                    };
+                    let push = MatmulPush {
                         n_tok: n_tok as u32,
                         ncols: cols as u32,
                         x_ld: cols as u32,
@@ -261,8 +156,7 @@ fn matmul_store_and_add_match_reference_for_every_type() {
                         wofs: 16,
                         orow: 0,
                     }];
-                    let groups = kernels::matmul_layout(&k, &mut push, &slots);
-                    run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                    dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
                     let got = read_f32(&out, n_tok * rows);
                     let mut expect = want.clone();
                     if out_mode == OutMode::Add {
@@ -346,8 +240,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
             mags.extend(magnitudes(&w, cols, &xn));
         }
         // the logits' pipeline: one token per invocation
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), false, 0, cols) {
-            let p = ks.matmul(k).unwrap();
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), (false, 0), cols) {
             for (buf, slot) in [
                 (
                     &part_a,
@@ -369,21 +262,18 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                 ),
             ] {
                 let wv = wview(&ctx, buf, ty);
-                let set = matmul_set(
-                    p,
-                    MatmulBindings {
-                        w0: &wv,
-                        w1: &dummy_w,
-                        x: &xgv,
-                        aux: dummy.binding(),
-                        out0: out.binding(),
-                        out1: dummy.binding(),
-                        out2: dummy.binding(),
-                        step: step.binding(),
-                        xr: &xv,
-                    },
-                );
-                let mut push = MatmulPush {
+                let bindings = MatmulBindings {
+                    w0: &wv,
+                    w1: &dummy_w,
+                    x: &xgv,
+                    aux: dummy.binding(),
+                    out0: out.binding(),
+                    out1: dummy.binding(),
+                    out2: dummy.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                };
+                let push = MatmulPush {
                     n_tok: n_tok as u32,
                     ncols: cols as u32,
                     x_ld: cols as u32,
@@ -391,8 +281,7 @@ fn matmul_with_folded_rmsnorm_and_row_range_parts() {
                     eps,
                     ..Default::default()
                 };
-                let groups = kernels::matmul_layout(&k, &mut push, &[slot]);
-                run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &[slot]);
             }
             let got = read_f32(&out, n_tok * rows);
             // the normalised input carries a few ulps of the scale: 8 more u per term
@@ -446,24 +335,20 @@ fn qkv_rope_and_cache_write_match_reference() {
         let vc = zeros(&ctx, "vc", ctx_len * kv_dim);
         let neox = mode == RopeMode::Neox;
         let qkv = (InMode::RmsNorm, OutMode::Qkv);
-        for k in engine_keys(&ks, ty, qkv, neox, hd as u32, dim) {
-            let p = ks.matmul(k).unwrap();
+        for k in engine_keys(&ks, ty, qkv, (neox, hd as u32), dim) {
             let dummy_w = wview(&ctx, &dummy, ty);
-            let set = matmul_set(
-                p,
-                MatmulBindings {
-                    w0: &vqkv,
-                    w1: &dummy_w,
-                    x: &xgv,
-                    aux: dummy.binding(),
-                    out0: qout.binding(),
-                    out1: kc.binding(),
-                    out2: vc.binding(),
-                    step: step.binding(),
-                    xr: &xv,
-                },
-            );
-            let mut push = MatmulPush {
+            let bindings = MatmulBindings {
+                w0: &vqkv,
+                w1: &dummy_w,
+                x: &xgv,
+                aux: dummy.binding(),
+                out0: qout.binding(),
+                out1: kc.binding(),
+                out2: vc.binding(),
+                step: step.binding(),
+                xr: &xv,
+            };
+            let push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: dim as u32,
                 x_ld: dim as u32,
@@ -494,8 +379,7 @@ fn qkv_rope_and_cache_write_match_reference() {
                     orow: 0,
                 },
             ];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
             let (gq, gk, gv) = (
                 read_f32(&qout, n_tok * q_dim),
                 read_f32(&kc, ctx_len * kv_dim),
@@ -576,23 +460,19 @@ fn gate_up_swiglu_matches_reference() {
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
         let out = zeros(&ctx, "hb", n_tok * hidden);
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), false, 0, dim) {
-            let p = ks.matmul(k).unwrap();
-            let set = matmul_set(
-                p,
-                MatmulBindings {
-                    w0: &vg,
-                    w1: &vu,
-                    x: &xgv,
-                    aux: dummy.binding(),
-                    out0: out.binding(),
-                    out1: dummy.binding(),
-                    out2: dummy.binding(),
-                    step: step.binding(),
-                    xr: &xv,
-                },
-            );
-            let mut push = MatmulPush {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), (false, 0), dim) {
+            let bindings = MatmulBindings {
+                w0: &vg,
+                w1: &vu,
+                x: &xgv,
+                aux: dummy.binding(),
+                out0: out.binding(),
+                out1: dummy.binding(),
+                out2: dummy.binding(),
+                step: step.binding(),
+                xr: &xv,
+            };
+            let push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: dim as u32,
                 x_ld: dim as u32,
@@ -614,10 +494,9 @@ fn gate_up_swiglu_matches_reference() {
                     orow: 0,
                 },
             ];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
+            let groups = dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
             // each invocation reads gate and up: only gate's rows own workgroups
             assert_eq!(groups[0], (hidden as u32).div_ceil(k.tile_rows()));
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
             let got = read_f32(&out, n_tok * hidden);
             let mut xn = vec![0.0; dim];
             for t in 0..n_tok {
@@ -656,62 +535,16 @@ fn embedding_gather_matches_reference_for_every_type() {
     let mut rng = Rng::new(5);
     let (rows, cols) = (10, 128);
     let tokens = [3u32, 0, 9, 7];
-    let step = step_buffer(&ctx, 0, &[], &tokens);
-    let dummy = zeros(&ctx, "dummy", 4);
     let g = rng.vec(cols + 8, 1.0);
-    let gbuf = upload(&ctx, "g", &g);
+    let parts = TwoParts {
+        rows,
+        cols,
+        split: 6,
+        pad: 16,
+    };
     for ty in TYPES {
         let table = gguf::quant::quantize(ty, &rng.vec(rows * cols, 2.0)).unwrap();
-        let rb = table.len() / rows;
-        let split = 6;
-        let a = wupload(&ctx, "a", &table[..split * rb]);
-        let mut bb = vec![0u8; 16];
-        bb.extend_from_slice(&table[split * rb..]);
-        let b = wupload(&ctx, "b", &bb);
-        let x = zeros(&ctx, "x", tokens.len() * cols);
-        let xg = zeros(&ctx, "xg", tokens.len() * cols);
-        let p = ks.embed(ty).unwrap();
-        let (va, vb, vd) = (
-            wview(&ctx, &a, ty),
-            wview(&ctx, &b, ty),
-            wview(&ctx, &dummy, ty),
-        );
-        let set = p
-            .descriptor_set_with(
-                &EmbedBindings {
-                    w0: &va,
-                    w1: &vb,
-                    w2: &vd,
-                    x: x.binding(),
-                    step: step.binding(),
-                    xg: xg.binding(),
-                    g: gbuf.binding(),
-                }
-                .descriptors(),
-            )
-            .unwrap();
-        let push = EmbedPush {
-            ncols: cols as u32,
-            out_ld: cols as u32,
-            n_tok: tokens.len() as u32,
-            g_ofs: 8,
-            part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
-            wofs: [0, 4, 0, 0],
-            scale: 1.0,
-        };
-        run(
-            &ctx,
-            p,
-            &set,
-            bytemuck::bytes_of(&push),
-            [
-                (cols / 64).div_ceil(kernels::EMBED_WG as usize) as u32,
-                tokens.len() as u32,
-                1,
-            ],
-        );
-        let got = read_f32(&x, tokens.len() * cols);
-        let got_g = read_f32(&xg, tokens.len() * cols);
+        let (got, got_g) = embed_gather(&ctx, &mut ks, ty, &table, parts, &tokens, &g);
         for (t, &tok) in tokens.iter().enumerate() {
             let mut want = vec![0.0; cols];
             rk::embedding_row(ty, &table, cols, tok as usize, &mut want).unwrap();
@@ -908,7 +741,6 @@ fn every_matmul_variant_builds() {
         }
     }
     drop(ks);
-    let _ = Buffer::new; // keep the import used in every configuration
     assert_no_validation_errors(&ctx);
 }
 

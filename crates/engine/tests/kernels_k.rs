@@ -20,21 +20,14 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::gpu::*;
 use common::*;
-use engine::kernels::{
-    self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
-    OutMode, Slot,
-};
-use engine::model::{Batch, MatmulVariant};
+use engine::kernels::{self, InMode, Kernels, MatmulBindings, MatmulPush, OutMode, Slot};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
-use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
+use vk::{BufferView, TexelFormat};
 
-const U: f32 = 1.0 / 16_777_216.0;
-const TOL_K: f32 = 4.0;
 const K_TYPES: [GgmlType; 5] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
@@ -42,54 +35,6 @@ const K_TYPES: [GgmlType; 5] = [
     GgmlType::Q3_K,
     GgmlType::Q2_K,
 ];
-
-fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
-    let mut cmd = CommandBuffer::new(ctx).unwrap();
-    cmd.begin().unwrap();
-    cmd.dispatch(p, set, push, groups);
-    cmd.host_barrier();
-    cmd.end().unwrap();
-    ctx.submit_and_wait(&cmd).unwrap();
-}
-
-/// `Σ_c |W[r][c]·x[c]|` per row: the magnitude the tolerance scales with.
-fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(cols)
-        .map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum())
-        .collect()
-}
-
-/// A weight buffer zero-padded to whole 16-byte texels (as a GGUF file's next tensor or
-/// padding would follow), and its texel view in the engine's format for `ty`.
-fn weight_view(ctx: &Arc<Context>, name: &str, bytes: &[u8], ty: GgmlType) -> (Buffer, BufferView) {
-    let mut v = bytes.to_vec();
-    v.resize(v.len().next_multiple_of(16), 0);
-    let b = upload(ctx, name, &v);
-    let view = BufferView::new(ctx, b.binding(), kernels::weight_texel_format(ty)).unwrap();
-    (b, view)
-}
-
-/// The activation texel view (RGBA32F) of a buffer.
-fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
-    BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
-}
-
-fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
-    x.chunks(g.len())
-        .flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b))
-        .collect()
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let t = tol(i);
-        assert!(
-            (g - w).abs() <= t,
-            "{what}[{i}]: gpu {g} vs reference {w} (tolerance {t})"
-        );
-    }
-}
 
 /// Random weights of `ty` (rows × cols) with `pad` bytes of garbage in front, and their
 /// dequantisation.
@@ -106,32 +51,6 @@ fn weights(
     let mut bytes: Vec<u8> = (0..pad).map(|i| (i * 37 + 11) as u8).collect();
     bytes.extend_from_slice(&w);
     (bytes, deq)
-}
-
-/// The engine's keys for rows of `cols` columns (`Kernels::matmul_key`): prefill, decode
-/// (the column split where the engine picks it), and the row-per-lane decode fallback.
-fn engine_keys(
-    ks: &Kernels,
-    ty: GgmlType,
-    modes: (InMode, OutMode),
-    cols: usize,
-) -> Vec<MatmulKey> {
-    let v = MatmulVariant {
-        wtype: ty,
-        in_mode: modes.0,
-        out_mode: modes.1,
-        last_token_only: modes.1 == OutMode::Store,
-        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
-    };
-    let fallback = MatmulVariant { split_k: 0, ..v };
-    let mut keys = vec![
-        ks.matmul_key(&v, Batch::Prefill, false, 0),
-        ks.matmul_key(&v, Batch::Decode, false, 0),
-        ks.matmul_key(&fallback, Batch::Decode, false, 0),
-    ];
-    keys.sort_by_key(|k| (k.tb, k.split_k));
-    keys.dedup();
-    keys
 }
 
 /// The residual-add matmul (out += W·x, and x∘g for the next norm) for every K type:
@@ -163,11 +82,10 @@ fn k_quant_matmul_matches_reference() {
                 .flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols]))
                 .collect();
             let tol = |i: usize| TOL_K * cols as f32 * U * mags[i] + 2.0 * U * init[i].abs() + 1e-6;
-            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), cols) {
+            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols) {
                 splits_seen.insert(k.split_k);
                 let out = upload(&ctx, "out", &init);
                 let xg = zeros(&ctx, "xg", n_tok * rows);
-                let p = ks.matmul(k).unwrap();
                 let bindings = MatmulBindings {
                     w0: &wv,
                     w1: &dummy_w,
@@ -179,8 +97,7 @@ fn k_quant_matmul_matches_reference() {
                     step: step.binding(),
                     xr: &xv,
                 };
-                let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
-                let mut push = MatmulPush {
+                let push = MatmulPush {
                     n_tok: n_tok as u32,
                     ncols: cols as u32,
                     x_ld: cols as u32,
@@ -195,8 +112,7 @@ fn k_quant_matmul_matches_reference() {
                     wofs: (pad / 4) as u32,
                     orow: 0,
                 }];
-                let groups = kernels::matmul_layout(&k, &mut push, &slots);
-                run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
                 let what = format!("{ty:?} {cols} columns {k:?}");
                 assert_close(&what, &read_f32(&out, n_tok * rows), &want, tol);
                 let xg_want = times_g(&want, &g[4..]);
@@ -253,9 +169,8 @@ fn k_quant_logits_over_row_range_parts_match_reference() {
         let mut want = vec![0.0; rows];
         rk::matvec(ty, &bytes, rows, cols, &xn, &mut want).unwrap();
         let mags = magnitudes(&w, cols, &xn);
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), (false, 0), cols) {
             let out = zeros(&ctx, "out", rows);
-            let p = ks.matmul(k).unwrap();
             for (view, slot) in [
                 (
                     &va,
@@ -287,8 +202,7 @@ fn k_quant_logits_over_row_range_parts_match_reference() {
                     step: step.binding(),
                     xr: &xv,
                 };
-                let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
-                let mut push = MatmulPush {
+                let push = MatmulPush {
                     n_tok: 1,
                     ncols: cols as u32,
                     x_ld: cols as u32,
@@ -296,8 +210,7 @@ fn k_quant_logits_over_row_range_parts_match_reference() {
                     eps,
                     ..Default::default()
                 };
-                let groups = kernels::matmul_layout(&k, &mut push, &[slot]);
-                run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &[slot]);
             }
             // the normalised input carries a few ulps of the scale: 8 more u per term
             assert_close(
@@ -335,9 +248,8 @@ fn k_quant_gate_up_matches_reference() {
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), dim) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), (false, 0), dim) {
             let out = zeros(&ctx, "hb", n_tok * hidden);
-            let p = ks.matmul(k).unwrap();
             let bindings = MatmulBindings {
                 w0: &vg,
                 w1: &vu,
@@ -349,8 +261,7 @@ fn k_quant_gate_up_matches_reference() {
                 step: step.binding(),
                 xr: &xv,
             };
-            let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
-            let mut push = MatmulPush {
+            let push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: dim as u32,
                 x_ld: dim as u32,
@@ -372,8 +283,7 @@ fn k_quant_gate_up_matches_reference() {
                     orow: 0,
                 },
             ];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
             let got = read_f32(&out, n_tok * hidden);
             let mut xn = vec![0.0; dim];
             for t in 0..n_tok {
@@ -413,51 +323,17 @@ fn k_quant_embedding_gather_matches_reference() {
     let mut rng = Rng::new(16);
     let rows = 10;
     let tokens = [3u32, 0, 9, 7, 4];
-    let step = step_buffer(&ctx, 0, &[], &tokens);
-    let dummy = zeros(&ctx, "dummy", 4);
     for ty in K_TYPES {
         for cols in [256, 768] {
             let g = rng.vec(cols + 8, 1.0);
-            let gbuf = upload(&ctx, "g", &g);
             let table = gguf::quant::quantize(ty, &rng.vec(rows * cols, 2.0)).unwrap();
-            let rb = table.len() / rows;
-            let split = 6;
-            let (_a, va) = weight_view(&ctx, "a", &table[..split * rb], ty);
-            let mut bb = vec![0u8; 16];
-            bb.extend_from_slice(&table[split * rb..]);
-            let (_b, vb) = weight_view(&ctx, "b", &bb, ty);
-            let vd =
-                BufferView::new(&ctx, dummy.binding(), kernels::weight_texel_format(ty)).unwrap();
-            let x = zeros(&ctx, "x", tokens.len() * cols);
-            let xg = zeros(&ctx, "xg", tokens.len() * cols);
-            let p = ks.embed(ty).unwrap();
-            let bindings = EmbedBindings {
-                w0: &va,
-                w1: &vb,
-                w2: &vd,
-                x: x.binding(),
-                step: step.binding(),
-                xg: xg.binding(),
-                g: gbuf.binding(),
+            let parts = TwoParts {
+                rows,
+                cols,
+                split: 6,
+                pad: 16,
             };
-            let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
-            let push = EmbedPush {
-                scale: 1.0,
-                ncols: cols as u32,
-                out_ld: cols as u32,
-                n_tok: tokens.len() as u32,
-                g_ofs: 8,
-                part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
-                wofs: [0, 4, 0, 0],
-            };
-            let groups = [
-                (cols / kernels::CHUNK).div_ceil(kernels::EMBED_WG as usize) as u32,
-                tokens.len() as u32,
-                1,
-            ];
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-            let got = read_f32(&x, tokens.len() * cols);
-            let got_g = read_f32(&xg, tokens.len() * cols);
+            let (got, got_g) = embed_gather(&ctx, &mut ks, ty, &table, parts, &tokens, &g);
             for (t, &tok) in tokens.iter().enumerate() {
                 let mut want = vec![0.0; cols];
                 rk::embedding_row(ty, &table, cols, tok as usize, &mut want).unwrap();

@@ -22,32 +22,18 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::gpu::*;
 use common::*;
 use engine::kernels::{
-    self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
-    OutMode, Slot,
+    self, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
-use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use reference::kernels as rk;
 use reference::synthetic::Rng;
-use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
+use vk::TexelFormat;
 
-const U: f32 = 1.0 / 16_777_216.0;
-const TOL_K: f32 = 4.0;
 /// The types of this file.
 const TYPES: [GgmlType; 3] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::BF16];
-
-fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
-    let mut cmd = CommandBuffer::new(ctx).unwrap();
-    cmd.begin().unwrap();
-    cmd.dispatch(p, set, push, groups);
-    cmd.host_barrier();
-    cmd.end().unwrap();
-    ctx.submit_and_wait(&cmd).unwrap();
-}
 
 /// `n` random weights of `ty` as GGUF blocks. BF16 has no quantiser in `gguf` (convert
 /// does not write it): its bytes are the top halves of random f32 (any 16 bits are a
@@ -75,42 +61,6 @@ fn wrong_decoding(ty: GgmlType, bytes: &[u8]) -> Vec<u8> {
         _ => unreachable!("only the types of this file"),
     }
     b
-}
-
-fn dequant(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
-    let mut out = vec![0.0; n];
-    gguf::quant::dequantize(ty, bytes, &mut out).unwrap();
-    out
-}
-
-/// `Σ_c |W[r][c]·x[c]|` per row: the magnitude the tolerance scales with.
-fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
-    w.chunks_exact(cols)
-        .map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum())
-        .collect()
-}
-
-/// A weight buffer, zero-padded to whole 16-byte texels (in a GGUF file the next tensor
-/// or padding follows).
-fn wupload(ctx: &Arc<Context>, name: &str, bytes: &[u8]) -> Buffer {
-    let mut v = bytes.to_vec();
-    v.resize(v.len().next_multiple_of(16), 0);
-    upload(ctx, name, &v)
-}
-
-/// The weight texel view of a buffer, in the engine's format for `ty`.
-fn wview(ctx: &Arc<Context>, b: &Buffer, ty: GgmlType) -> BufferView {
-    BufferView::new(ctx, b.binding(), kernels::weight_texel_format(ty)).unwrap()
-}
-
-fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
-    BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
-}
-
-fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
-    x.chunks(g.len())
-        .flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b))
-        .collect()
 }
 
 /// The largest `|got - want| / tol` (at most 1: within tolerance) and where.
@@ -145,33 +95,6 @@ fn assert_close_and_discriminating(
         r > 1.0,
         "{what}: a wrong decoder's result is within the tolerance too"
     );
-}
-
-/// The engine's own keys for a dispatch over rows of `cols` columns
-/// (`Kernels::matmul_key`): prefill, decode (with the column split the engine picks here)
-/// and the row-per-lane decode fallback. The logits are decode-shaped only.
-fn engine_keys(
-    ks: &Kernels,
-    ty: GgmlType,
-    (in_mode, out_mode): (InMode, OutMode),
-    cols: usize,
-) -> Vec<MatmulKey> {
-    let v = MatmulVariant {
-        wtype: ty,
-        in_mode,
-        out_mode,
-        last_token_only: out_mode == OutMode::Store,
-        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
-    };
-    let fallback = MatmulVariant { split_k: 0, ..v };
-    let mut keys = vec![
-        ks.matmul_key(&v, Batch::Prefill, false, 0),
-        ks.matmul_key(&v, Batch::Decode, false, 0),
-        ks.matmul_key(&fallback, Batch::Decode, false, 0),
-    ];
-    keys.sort_by_key(|k| (k.tb, k.split_k));
-    keys.dedup();
-    keys
 }
 
 /// The types of this file are read by the GPU kernels, bound as the engine binds them,
@@ -264,7 +187,7 @@ fn matmul_add_matches_the_cpu_twin_at_odd_shapes() {
                 .flat_map(|t| magnitudes(&wf, cols, &x[t * cols..(t + 1) * cols]))
                 .collect();
             let tol = |i: usize| TOL_K * cols as f32 * U * mags[i] + 1e-6 + 2.0 * U * init[i].abs();
-            let keys = engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), cols);
+            let keys = engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols);
             if cols >= 576 {
                 assert!(
                     keys.iter().any(|k| k.split_k > 0) || ks.column_split(8, 576) == 0,
@@ -274,24 +197,18 @@ fn matmul_add_matches_the_cpu_twin_at_odd_shapes() {
             for k in keys {
                 let out = upload(&ctx, "out", &init);
                 let xg = zeros(&ctx, "xg", n_tok * rows);
-                let p = ks.matmul(k).unwrap();
-                let set = p
-                    .descriptor_set_with(
-                        &MatmulBindings {
-                            w0: &wv,
-                            w1: &dummy_w,
-                            x: &xv,
-                            aux: gbuf.binding(),
-                            out0: out.binding(),
-                            out1: xg.binding(),
-                            out2: dummy.binding(),
-                            step: step.binding(),
-                            xr: &xv,
-                        }
-                        .descriptors(),
-                    )
-                    .unwrap();
-                let mut push = MatmulPush {
+                let bindings = MatmulBindings {
+                    w0: &wv,
+                    w1: &dummy_w,
+                    x: &xv,
+                    aux: gbuf.binding(),
+                    out0: out.binding(),
+                    out1: xg.binding(),
+                    out2: dummy.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                };
+                let push = MatmulPush {
                     n_tok: n_tok as u32,
                     ncols: cols as u32,
                     x_ld: cols as u32,
@@ -306,8 +223,7 @@ fn matmul_add_matches_the_cpu_twin_at_odd_shapes() {
                     wofs: wofs as u32,
                     orow: 0,
                 }];
-                let groups = kernels::matmul_layout(&k, &mut push, &slots);
-                run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
                 let got = read_f32(&out, n_tok * rows);
                 let what = format!("{ty:?} {cols} columns, word offset {wofs}, {k:?}");
                 assert_close_and_discriminating(&what, &got, &want, &wrong, tol);
@@ -370,26 +286,20 @@ fn logits_and_swiglu_match_the_cpu_twin() {
         }
         let e = (TOL_K * cols as f32 + 8.0) * U;
         // the logits: one token at a time, as the engine reads them
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), (false, 0), cols) {
             let out = zeros(&ctx, "out", n_tok * rows);
-            let p = ks.matmul(k).unwrap();
-            let set = p
-                .descriptor_set_with(
-                    &MatmulBindings {
-                        w0: &va,
-                        w1: &va,
-                        x: &xgv,
-                        aux: dummy.binding(),
-                        out0: out.binding(),
-                        out1: dummy.binding(),
-                        out2: dummy.binding(),
-                        step: step.binding(),
-                        xr: &xv,
-                    }
-                    .descriptors(),
-                )
-                .unwrap();
-            let mut push = MatmulPush {
+            let bindings = MatmulBindings {
+                w0: &va,
+                w1: &va,
+                x: &xgv,
+                aux: dummy.binding(),
+                out0: out.binding(),
+                out1: dummy.binding(),
+                out2: dummy.binding(),
+                step: step.binding(),
+                xr: &xv,
+            };
+            let push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
                 x_ld: cols as u32,
@@ -403,8 +313,7 @@ fn logits_and_swiglu_match_the_cpu_twin() {
                 wofs: 0,
                 orow: 0,
             }];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
             let got = read_f32(&out, n_tok * rows);
             assert_close_and_discriminating(&format!("{ty:?} logits {k:?}"), &got, &ya, &za, |i| {
                 e * ma[i] + 1e-6
@@ -424,26 +333,20 @@ fn logits_and_swiglu_match_the_cpu_twin() {
                 + 1e-5 * want[i].abs()
                 + 1e-6
         };
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), (false, 0), cols) {
             let out = zeros(&ctx, "hb", n_tok * rows);
-            let p = ks.matmul(k).unwrap();
-            let set = p
-                .descriptor_set_with(
-                    &MatmulBindings {
-                        w0: &va,
-                        w1: &vb,
-                        x: &xgv,
-                        aux: dummy.binding(),
-                        out0: out.binding(),
-                        out1: dummy.binding(),
-                        out2: dummy.binding(),
-                        step: step.binding(),
-                        xr: &xv,
-                    }
-                    .descriptors(),
-                )
-                .unwrap();
-            let mut push = MatmulPush {
+            let bindings = MatmulBindings {
+                w0: &va,
+                w1: &vb,
+                x: &xgv,
+                aux: dummy.binding(),
+                out0: out.binding(),
+                out1: dummy.binding(),
+                out2: dummy.binding(),
+                step: step.binding(),
+                xr: &xv,
+            };
+            let push = MatmulPush {
                 n_tok: n_tok as u32,
                 ncols: cols as u32,
                 x_ld: cols as u32,
@@ -465,8 +368,7 @@ fn logits_and_swiglu_match_the_cpu_twin() {
                     orow: 0,
                 },
             ];
-            let groups = kernels::matmul_layout(&k, &mut push, &slots);
-            run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+            dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
             let got = read_f32(&out, n_tok * rows);
             assert_close_and_discriminating(
                 &format!("{ty:?} swiglu {k:?}"),
@@ -491,56 +393,16 @@ fn embedding_gather_matches_the_cpu_twin() {
     let mut rng = Rng::new(15);
     let (rows, cols, split) = (11, 320, 6);
     let tokens = [3u32, 0, 10, 7, 6];
-    let step = step_buffer(&ctx, 0, &[], &tokens);
-    let dummy = zeros(&ctx, "dummy", 4);
     let g = rng.vec(cols + 8, 1.0);
-    let gbuf = upload(&ctx, "g", &g);
+    let parts = TwoParts {
+        rows,
+        cols,
+        split,
+        pad: 12,
+    };
     for ty in TYPES {
         let table = random_blocks(&mut rng, ty, rows * cols, 2.0);
-        let rb = table.len() / rows;
-        let a = wupload(&ctx, "a", &table[..split * rb]);
-        let mut bb = vec![0u8; 12];
-        bb.extend_from_slice(&table[split * rb..]);
-        let b = wupload(&ctx, "b", &bb);
-        let x = zeros(&ctx, "x", tokens.len() * cols);
-        let xg = zeros(&ctx, "xg", tokens.len() * cols);
-        let p = ks.embed(ty).unwrap();
-        let (va, vb, vd) = (
-            wview(&ctx, &a, ty),
-            wview(&ctx, &b, ty),
-            wview(&ctx, &dummy, ty),
-        );
-        let set = p
-            .descriptor_set_with(
-                &EmbedBindings {
-                    w0: &va,
-                    w1: &vb,
-                    w2: &vd,
-                    x: x.binding(),
-                    step: step.binding(),
-                    xg: xg.binding(),
-                    g: gbuf.binding(),
-                }
-                .descriptors(),
-            )
-            .unwrap();
-        let push = EmbedPush {
-            scale: 1.0,
-            ncols: cols as u32,
-            out_ld: cols as u32,
-            n_tok: tokens.len() as u32,
-            g_ofs: 8,
-            part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
-            wofs: [0, 3, 0, 0],
-        };
-        let groups = [
-            (cols / 64).div_ceil(kernels::EMBED_WG as usize) as u32,
-            tokens.len() as u32,
-            1,
-        ];
-        run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
-        let got = read_f32(&x, tokens.len() * cols);
-        let got_g = read_f32(&xg, tokens.len() * cols);
+        let (got, got_g) = embed_gather(&ctx, &mut ks, ty, &table, parts, &tokens, &g);
         let wrong_table = wrong_decoding(ty, &table);
         for (t, &tok) in tokens.iter().enumerate() {
             let mut want = vec![0.0; cols];

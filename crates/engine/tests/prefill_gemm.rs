@@ -19,14 +19,12 @@ mod common;
 
 use std::sync::Arc;
 
+use common::gpu::*;
 use common::*;
-use engine::kernels::{
-    self, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
-};
+use engine::kernels::{InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot};
 use engine::model::PREFILL_SHAPE;
 use engine::{Session, SessionOptions};
 use gguf::GgmlType;
-use vk::{BufferView, CommandBuffer, TexelFormat};
 
 const TOL: f32 = 0.002;
 const LENGTHS: [usize; 6] = [1, 63, 64, 65, 511, 1500];
@@ -131,20 +129,17 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
         GgmlType::F16,
         GgmlType::F32,
     ] {
-        let format = kernels::weight_texel_format(ty);
-        let dummy_w = BufferView::new(&ctx, dummy.binding(), format).unwrap();
+        let dummy_w = wview(&ctx, &dummy, ty);
         for cols in [192, 704] {
             let w = gguf::quant::quantize(ty, &values(rows * cols, 1)).unwrap();
             // 64 bytes in front: the view's rows start at word 16
             let mut bytes = vec![0xA5u8; 64];
             bytes.extend_from_slice(&w);
-            bytes.resize(bytes.len().next_multiple_of(16), 0);
-            let wbuf = upload(&ctx, "w", &bytes);
-            let wv = BufferView::new(&ctx, wbuf.binding(), format).unwrap();
+            let (_wbuf, wv) = weight_view(&ctx, "w", &bytes, ty);
             for n_tok in [1, 13, 21] {
                 let x = values(n_tok * cols, 2 + n_tok);
                 let xbuf = upload(&ctx, "x", &x);
-                let xv = BufferView::new(&ctx, xbuf.binding(), TexelFormat::Rgba32Float).unwrap();
+                let xv = xview(&ctx, &xbuf);
                 let mut want = vec![0.0; n_tok * rows];
                 reference::kernels::matmul(ty, &w, rows, cols, &x, n_tok, &mut want).unwrap();
                 let out = zeros(&ctx, "out", n_tok * rows);
@@ -162,24 +157,18 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                     key.kernel().unwrap().name().starts_with("matmul_mm."),
                     "the prefill key names the GEMM"
                 );
-                let p = ks.matmul(key).unwrap();
-                let set = p
-                    .descriptor_set_with(
-                        &MatmulBindings {
-                            w0: &wv,
-                            w1: &dummy_w,
-                            x: &xv,
-                            aux: dummy.binding(),
-                            out0: out.binding(),
-                            out1: dummy.binding(),
-                            out2: dummy.binding(),
-                            step: step.binding(),
-                            xr: &xv,
-                        }
-                        .descriptors(),
-                    )
-                    .unwrap();
-                let mut push = MatmulPush {
+                let bindings = MatmulBindings {
+                    w0: &wv,
+                    w1: &dummy_w,
+                    x: &xv,
+                    aux: dummy.binding(),
+                    out0: out.binding(),
+                    out1: dummy.binding(),
+                    out2: dummy.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                };
+                let push = MatmulPush {
                     n_tok: n_tok as u32,
                     ncols: cols as u32,
                     x_ld: cols as u32,
@@ -192,13 +181,7 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                     wofs: 16,
                     orow: 0,
                 }];
-                let groups = kernels::matmul_layout(&key, &mut push, &slots);
-                let mut cmd = CommandBuffer::new(&ctx).unwrap();
-                cmd.begin().unwrap();
-                cmd.dispatch(p, &set, bytemuck::bytes_of(&push), groups);
-                cmd.host_barrier();
-                cmd.end().unwrap();
-                ctx.submit_and_wait(&cmd).unwrap();
+                dispatch_matmul(&ctx, &mut ks, key, &bindings, push, &slots);
                 let got = read_f32(&out, n_tok * rows);
                 // f32 sums of `cols` products of magnitude <= 1, in another order
                 let tol = 1e-5 * cols as f32;

@@ -2,6 +2,8 @@
 //! model paths.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -1,0 +1,216 @@
+//! Shared scaffolding of the GPU kernel tests (kernels.rs, kernels_k.rs, kernels_types.rs,
+//! prefill_gemm.rs): one dispatch, weight and activation views, the engine's own keys,
+//! a matmul or embedding gather through the engine's binding structs, and the written-down
+//! tolerance check.
+
+use std::sync::Arc;
+
+use engine::kernels::{
+    self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
+    OutMode, Slot,
+};
+use engine::model::{Batch, MatmulVariant};
+use gguf::GgmlType;
+use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
+
+use super::{read_f32, step_buffer, upload, zeros};
+
+/// The unit roundoff of f32, 2^-24.
+pub const U: f32 = 1.0 / 16_777_216.0;
+/// How many times n·u·Σ|w·x| the GPU and the reference may differ (each may be off by
+/// Higham's γ_n, summing in its own order).
+pub const TOL_K: f32 = 4.0;
+
+/// One dispatch, waited for, its writes visible to the host.
+pub fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
+    let mut cmd = CommandBuffer::new(ctx).unwrap();
+    cmd.begin().unwrap();
+    cmd.dispatch(p, set, push, groups);
+    cmd.host_barrier();
+    cmd.end().unwrap();
+    ctx.submit_and_wait(&cmd).unwrap();
+}
+
+/// Dequantised weights (`n` elements) as the kernels see them.
+pub fn dequant(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    gguf::quant::dequantize(ty, bytes, &mut out).unwrap();
+    out
+}
+
+/// `Σ_c |W[r][c]·x[c]|` per row: the magnitude the tolerance scales with.
+pub fn magnitudes(w: &[f32], cols: usize, x: &[f32]) -> Vec<f32> {
+    w.chunks_exact(cols)
+        .map(|row| row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum())
+        .collect()
+}
+
+/// A weight buffer, zero-padded to whole 16-byte texels (the engine checks that a part's
+/// bytes lie in whole texels of its view; in a GGUF file the next tensor or padding
+/// follows).
+pub fn wupload(ctx: &Arc<Context>, name: &str, bytes: &[u8]) -> Buffer {
+    let mut v = bytes.to_vec();
+    v.resize(v.len().next_multiple_of(16), 0);
+    upload(ctx, name, &v)
+}
+
+/// The weight texel view of a buffer, in the engine's format for `ty`.
+pub fn wview(ctx: &Arc<Context>, b: &Buffer, ty: GgmlType) -> BufferView {
+    BufferView::new(ctx, b.binding(), kernels::weight_texel_format(ty)).unwrap()
+}
+
+/// [`wupload`] and its [`wview`]: the buffer must outlive the view.
+pub fn weight_view(
+    ctx: &Arc<Context>,
+    name: &str,
+    bytes: &[u8],
+    ty: GgmlType,
+) -> (Buffer, BufferView) {
+    let b = wupload(ctx, name, bytes);
+    let view = wview(ctx, &b, ty);
+    (b, view)
+}
+
+/// The activation texel view (RGBA32F) of a buffer.
+pub fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
+    BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
+}
+
+/// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
+pub fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
+    x.chunks(g.len())
+        .flat_map(|r| r.iter().zip(g).map(|(a, b)| a * b))
+        .collect()
+}
+
+/// Asserts `got[i]` is within `tol(i)` of `want[i]` for every i.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let t = tol(i);
+        assert!(
+            (g - w).abs() <= t,
+            "{what}[{i}]: gpu {g} vs reference {w} (tolerance {t})"
+        );
+    }
+}
+
+/// The engine's own keys for a dispatch over rows of `cols` columns
+/// (`Kernels::matmul_key`, in the device's shapes): the prefill shape, the decode shape
+/// (with the column split the engine picks on this device), and where the split is
+/// picked, the row-per-lane decode fallback. The logits read one token: decode shape only.
+pub fn engine_keys(
+    ks: &Kernels,
+    ty: GgmlType,
+    (in_mode, out_mode): (InMode, OutMode),
+    (neox, head_dim): (bool, u32),
+    cols: usize,
+) -> Vec<MatmulKey> {
+    let v = MatmulVariant {
+        wtype: ty,
+        in_mode,
+        out_mode,
+        last_token_only: out_mode == OutMode::Store,
+        split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
+    };
+    let fallback = MatmulVariant { split_k: 0, ..v };
+    let mut keys = vec![
+        ks.matmul_key(&v, Batch::Prefill, neox, head_dim),
+        ks.matmul_key(&v, Batch::Decode, neox, head_dim),
+        ks.matmul_key(&fallback, Batch::Decode, neox, head_dim),
+    ];
+    keys.sort_by_key(|k| (k.tb, k.split_k));
+    keys.dedup();
+    keys
+}
+
+/// Runs the matmul pipeline of `k` once, bound through the engine's own binding struct,
+/// over `slots` (`kernels::matmul_layout` fills the push's layout). Returns the groups.
+pub fn dispatch_matmul(
+    ctx: &Arc<Context>,
+    ks: &mut Kernels,
+    k: MatmulKey,
+    bindings: &MatmulBindings<'_>,
+    mut push: MatmulPush,
+    slots: &[Slot],
+) -> [u32; 3] {
+    let p = ks.matmul(k).unwrap();
+    let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
+    let groups = kernels::matmul_layout(&k, &mut push, slots);
+    run(ctx, p, &set, bytemuck::bytes_of(&push), groups);
+    groups
+}
+
+/// An embedding table of `rows` rows of `cols` columns, bound as the engine binds a
+/// table in two row-range parts: rows `..split` at word 0 of the first binding, the rest
+/// `pad` bytes (a whole number of words) into the second.
+#[derive(Clone, Copy)]
+pub struct TwoParts {
+    pub rows: usize,
+    pub cols: usize,
+    pub split: usize,
+    pub pad: usize,
+}
+
+/// Gathers the rows of `tokens` out of `table` (of `ty`, laid out as `parts`) through the
+/// engine's embedding pipeline and bindings, writing x∘g with g read from word 8 of `g`.
+/// Returns x and x∘g, `tokens.len()` rows of `parts.cols` each.
+pub fn embed_gather(
+    ctx: &Arc<Context>,
+    ks: &mut Kernels,
+    ty: GgmlType,
+    table: &[u8],
+    parts: TwoParts,
+    tokens: &[u32],
+    g: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let TwoParts {
+        rows,
+        cols,
+        split,
+        pad,
+    } = parts;
+    assert_eq!(pad % 4, 0, "the second part starts at a word");
+    let step = step_buffer(ctx, 0, &[], tokens);
+    let dummy = zeros(ctx, "dummy", 4);
+    let gbuf = upload(ctx, "g", g);
+    let rb = table.len() / rows;
+    let a = wupload(ctx, "a", &table[..split * rb]);
+    let mut bb = vec![0u8; pad];
+    bb.extend_from_slice(&table[split * rb..]);
+    let b = wupload(ctx, "b", &bb);
+    let n = tokens.len() * cols;
+    let (x, xg) = (zeros(ctx, "x", n), zeros(ctx, "xg", n));
+    let p = ks.embed(ty).unwrap();
+    let (va, vb, vd) = (
+        wview(ctx, &a, ty),
+        wview(ctx, &b, ty),
+        wview(ctx, &dummy, ty),
+    );
+    let bindings = EmbedBindings {
+        w0: &va,
+        w1: &vb,
+        w2: &vd,
+        x: x.binding(),
+        step: step.binding(),
+        xg: xg.binding(),
+        g: gbuf.binding(),
+    };
+    let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
+    let push = EmbedPush {
+        scale: 1.0,
+        ncols: cols as u32,
+        out_ld: cols as u32,
+        n_tok: tokens.len() as u32,
+        g_ofs: 8,
+        part_end: [split as u32, rows as u32, u32::MAX, u32::MAX],
+        wofs: [0, (pad / 4) as u32, 0, 0],
+    };
+    let groups = [
+        (cols / kernels::CHUNK).div_ceil(kernels::EMBED_WG as usize) as u32,
+        tokens.len() as u32,
+        1,
+    ];
+    run(ctx, p, &set, bytemuck::bytes_of(&push), groups);
+    (read_f32(&x, n), read_f32(&xg, n))
+}
