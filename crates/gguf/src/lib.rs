@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 mod array;
+mod cursor;
 mod error;
 mod file;
 pub mod quant;
