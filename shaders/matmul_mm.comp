@@ -23,6 +23,18 @@
 // decode, bound both on lavapipe. Tried and
 // dropped: 16 tokens per tile with every lane fetching every token (4x slower than tb4
 // in a whole prefill: the fully unrolled body, ~5 s of JIT for 15 pipelines).
+// Also tried (a standalone copy of this loop, f32 weights, 576x1536, 64 tokens; median
+// CPU ms per dispatch over 3 alternating rounds, load ~9): X through a uniform buffer
+// instead of texelFetch is slower in every form: 11.2 with the offset from the
+// workgroup and chunk counter (gallivm 22.3 takes its scalar-load-and-broadcast path
+// only where nir_src_is_always_uniform holds: constants and push constants through ALU
+// ops, never a loop counter or the workgroup id; otherwise 8 scalar loads per
+// component), 11.4 with the counter laundered through a push-constant table, 11.2 and
+// 11.6 with push-constant or literal offsets, against 8.1 for texelFetch (4.4 with no X
+// load at all). Eight rows per lane in lockstep instead of four: 8.4 (the X fetches stop
+// mattering, doubling them costs +1.5 against +2 to +5 at four rows, but the spilled
+// decoded rows take their place); quad-major order (a quad of the four rows, then the
+// tokens): no change.
 //
 // Defines (crates/vk/build.rs "matmul_mm"): WTYPE_*, IN_RMSNORM, OUT_MODE as matmul.comp,
 // TT (tokens per workgroup: 8) and TB=4 (store_pair's token group).
