@@ -90,7 +90,6 @@ fn main() {
                 s.tokenize(&text, false).unwrap()
             })
             .collect();
-        let mut rows: Vec<(&str, f64, f64)> = Vec::new();
         let arms = [
             (
                 "batched, matrix-matrix, GEMM head",
