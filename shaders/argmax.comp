@@ -1,8 +1,9 @@
 #version 450
-// Index of the largest logit (the first one on ties), in one workgroup, and whether any
-// logit is NaN or infinite, in one word: result[0] = index | (non-finite << 31) (the host
-// then refuses the token instead of taking index 0 of a NaN row; vocabularies are far
-// below 2^31, and a token still reads back 4 bytes).
+// Index of the largest logit (the first one on ties), in one workgroup per row of n
+// logits, and whether any logit is NaN or infinite, in one word: result[row] = index |
+// (non-finite << 31) (the host then refuses the token instead of taking index 0 of a NaN
+// row; vocabularies are far below 2^31, and a token still reads back 4 bytes). Row r is
+// workgroup r (a batched decode step's head: one row per slot's token).
 // CPU twin: reference::kernels::argmax.
 layout(local_size_x_id = 0) in;
 const uint MAX_WG = 256u;
@@ -21,11 +22,13 @@ shared uint bad_any[MAX_WG];
 
 void main() {
     uint l = gl_LocalInvocationID.x;
+    uint row = gl_WorkGroupID.x;
+    uint base = row * pc.n;
     float bv = -1.0 / 0.0;
     uint bi = 0xFFFFFFFFu;
     uint bad = 0u;
     for (uint i = l; i < pc.n; i += gl_WorkGroupSize.x) {
-        float v = logits[i];
+        float v = logits[base + i];
         bad |= uint(isnan(v) || isinf(v));
         if (v > bv || bi == 0xFFFFFFFFu) {
             bv = v;
@@ -46,6 +49,6 @@ void main() {
                 bi = i;
             }
         }
-        result[0] = bi | (bad << 31);
+        result[row] = bi | (bad << 31);
     }
 }

@@ -6,7 +6,12 @@ checked against the same prompt run alone.
 Reports: every request completed; no token lost or duplicated (each streamed text equals
 its solo run's text, and each usage says T tokens); aggregate decode tok/s of the
 concurrent phase against a single stream's in the same run; the server's memory (peak
-RSS, RssAnon, RssFile) after load, after the solo phase and at the end.
+RSS, RssAnon, RssFile) after load, after the first solo half and at the end.
+
+The machine's speed drifts with its load, so the solo runs are split around the
+concurrent phase: the even-numbered prompts run alone before it, the odd ones after, and
+the single-stream figure is the median of all of them (each half's median and the load
+average at every phase are reported too).
 
 Standard library only. Usage (from the repository root, after a release build):
     benches/serve-load/run.py [--parallel 8] [--clients 32] [--tokens 64] [--json FILE]
@@ -126,15 +131,23 @@ def main():
         mem_loaded = mem(server.pid)
         prompts = [prompt(i) for i in range(a.clients)]
 
-        # solo: one request at a time
-        solo, solo_rates = [], []
+        loads = {"start": os.getloadavg()}
+
+        def solo_runs(indices):
+            rates = []
+            for i in indices:
+                text, usage, first, end, _ = stream_one(addr, prompts[i], a.tokens)
+                solo[i] = (text, usage)
+                if end > first:
+                    rates.append((usage["completion_tokens"] - 1) / (end - first))
+            return rates
+
+        # solo: one request at a time, half before the concurrent phase, half after
+        solo = [None] * a.clients
         t0 = time.monotonic()
-        for p in prompts:
-            text, usage, first, end, _ = stream_one(addr, p, a.tokens)
-            solo.append((text, usage))
-            if end > first:
-                solo_rates.append((usage["completion_tokens"] - 1) / (end - first))
+        solo_before = solo_runs(range(0, a.clients, 2))
         solo_s = time.monotonic() - t0
+        loads["after_solo_before"] = os.getloadavg()
         mem_solo = mem(server.pid)
         m_before = metrics(addr)
 
@@ -155,6 +168,12 @@ def main():
             t.join()
         conc_s = time.monotonic() - t1
         m_after = metrics(addr)
+        loads["after_concurrent"] = os.getloadavg()
+        t2 = time.monotonic()
+        solo_after = solo_runs(range(1, a.clients, 2))
+        solo_s += time.monotonic() - t2
+        loads["end"] = os.getloadavg()
+        solo_rates = solo_before + solo_after
         mem_end = mem(server.pid)
     finally:
         server.terminate()
@@ -162,7 +181,8 @@ def main():
 
     completed = sum(r is not None for r in results)
     mismatched = [i for i, r in enumerate(results)
-                  if r is not None and (r[0] != solo[i][0] or r[1]["completion_tokens"] != a.tokens)]
+                  if r is not None and (solo[i] is None or r[0] != solo[i][0]
+                                        or r[1]["completion_tokens"] != a.tokens)]
     total_tokens = sum(r[1]["completion_tokens"] for r in results if r is not None)
     firsts = [r[2] for r in results if r is not None]
     ends = [r[3] for r in results if r is not None]
@@ -179,23 +199,30 @@ def main():
         "total_tokens": total_tokens,
         "solo_phase_s": solo_s, "concurrent_phase_s": conc_s,
         "single_stream_decode_tok_s_median": single,
+        "single_stream_decode_tok_s_median_before": statistics.median(solo_before) if solo_before else 0.0,
+        "single_stream_decode_tok_s_median_after": statistics.median(solo_after) if solo_after else 0.0,
+        "loadavg_1_5_15": loads,
         "aggregate_decode_tok_s": agg,
         "aggregate_over_single": agg / single if single else 0.0,
         "engine_decode_tok_s_concurrent": engine_decode,
         "busy_slots_peak": m_after.get("vkdecode_slots_busy_peak"),
-        "mem_after_load_mib": mem_loaded, "mem_after_solo_mib": mem_solo, "mem_end_mib": mem_end,
+        "mem_after_load_mib": mem_loaded, "mem_after_solo_half_mib": mem_solo, "mem_end_mib": mem_end,
         "server_exit_status_after_sigterm": rc,
     }
     print(f"| figure | value |\n|---|---|")
     print(f"| requests completed | {completed} / {a.clients} (errors: {len(errors)}) |")
     print(f"| streams equal to their solo run (text and {a.tokens} tokens) | {completed - len(mismatched)} / {a.clients} |")
     print(f"| single stream decode tok/s (median of {len(solo_rates)} solo runs) | {single:.1f} |")
+    print(f"| ... median of the solo runs before / after the concurrent phase | "
+          f"{fig['single_stream_decode_tok_s_median_before']:.1f} / {fig['single_stream_decode_tok_s_median_after']:.1f} |")
     print(f"| aggregate decode tok/s, {a.clients} clients on --parallel {a.parallel} | {agg:.1f} |")
     print(f"| aggregate / single | {fig['aggregate_over_single']:.2f}x |")
     print(f"| engine decode tok/s in the concurrent phase (/metrics) | {engine_decode:.1f} |")
     print(f"| busy slots, peak | {fig['busy_slots_peak']:.0f} |")
     print(f"| concurrent phase wall time | {conc_s:.1f} s |")
-    for name, m in (("after load", mem_loaded), ("after the solo runs", mem_solo), ("at the end", mem_end)):
+    print("| load average (1 min) at start / after the first solo half / after the concurrent phase / end | "
+          + " / ".join(f"{loads[k][0]:.1f}" for k in ("start", "after_solo_before", "after_concurrent", "end")) + " |")
+    for name, m in (("after load", mem_loaded), ("after the first solo half", mem_solo), ("at the end", mem_end)):
         print(f"| server memory {name}: VmHWM / RssAnon / RssFile MiB | "
               f"{m['VmHWM']:.1f} / {m['RssAnon']:.1f} / {m['RssFile']:.1f} |")
     print(f"| exit status after SIGTERM | {rc} |")

@@ -87,8 +87,6 @@ pub fn run(args: Args) -> Result<()> {
     );
     // a SIGBUS in the mapping (the file shrank under the server) names the file, exit 74
     engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let tok =
-        Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?);
     let template = tokenizer::ChatTemplate::from_gguf(file.gguf())
         .context("reading the model's chat template")?;
     if template.is_none() {
@@ -129,11 +127,13 @@ pub fn run(args: Args) -> Result<()> {
     let guard: server::scheduler::Guard =
         Box::new(move || stamp.check().map_err(|e| e.to_string()));
     let build_file = file.clone();
-    let (scheduler, info, engine_thread) = server::Scheduler::spawn(
+    // the HTTP side (tokenize, detokenize, chat prompts) shares the engine's tokenizer
+    let (scheduler, (info, tok), engine_thread) = server::Scheduler::spawn(
         move || {
             let slots = server::Slots::load(&build_file, &slots_opts)?;
             let info = slots.info().clone();
-            Ok((slots, info))
+            let tok = Arc::clone(slots.tokenizer());
+            Ok((slots, (info, tok)))
         },
         args.queue,
         metrics.clone(),

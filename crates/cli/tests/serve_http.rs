@@ -1,6 +1,6 @@
 //! `vkdecode serve` over raw HTTP: every error case answers its documented status in
 //! OpenAI's error shape and the server keeps serving; a client that hangs up mid-stream
-//! frees its slot; a full queue is a 503 with Retry-After; SIGTERM lets an in-flight
+//! or while it waits for a whole answer frees its slot; a full queue is a 503 with Retry-After; SIGTERM lets an in-flight
 //! request finish and exits 0. Runs the real server on the default model.
 
 mod serve_common;
@@ -285,6 +285,41 @@ fn errors_have_their_status_and_the_server_keeps_serving() {
     assert_eq!(s.metric("vkdecode_queue_length"), 0.0);
 }
 
+/// A client that hangs up while it waits for a NON-streaming answer is cancelled like a
+/// streaming one: its slot is freed at a next step, not after its last token.
+#[test]
+fn a_client_gone_before_its_whole_answer_frees_its_slot() {
+    let s = Server::start(&["--parallel", "1", "-c", "512"]);
+    let mut c = s.connect();
+    c.write_all(&request_bytes(
+        "POST",
+        "/v1/completions",
+        &[],
+        br#"{"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": true}"#,
+    ))
+    .unwrap();
+    wait_for("the request to generate", || {
+        s.metric("vkdecode_generated_tokens_total") >= 2.0
+    });
+    let cancelled = s.metric("vkdecode_requests_cancelled_total");
+    let finished = s.metric("vkdecode_requests_finished_total");
+    drop(c);
+    wait_for("the slot to be freed", || {
+        s.metric("vkdecode_slots_busy") == 0.0
+    });
+    assert_eq!(
+        s.metric("vkdecode_requests_cancelled_total"),
+        cancelled + 1.0,
+        "the request was not cancelled"
+    );
+    assert_eq!(s.metric("vkdecode_requests_finished_total"), finished);
+    assert!(
+        s.metric("vkdecode_generated_tokens_total") < 400.0,
+        "the request ran to its end"
+    );
+    assert_serving(&s, "the disconnect");
+}
+
 #[test]
 fn streams_end_with_done_and_carry_the_whole_text() {
     let s = Server::start(&["--parallel", "1", "-c", "512"]);
@@ -332,7 +367,9 @@ fn streams_end_with_done_and_carry_the_whole_text() {
 
 #[test]
 fn sigterm_lets_the_running_request_finish_then_exits_0() {
-    let mut s = Server::start(&["--parallel", "1", "-c", "256"]);
+    // a grace long enough for the request to finish on a loaded machine (the default
+    // 10 s is not: a lone slot can decode 2-3 tok/s under load here)
+    let mut s = Server::start(&["--parallel", "1", "-c", "256", "--shutdown-grace", "300"]);
     let mut c = s.connect();
     c.write_all(&request_bytes(
         "POST",

@@ -38,9 +38,10 @@ pub struct Activations {
     pub key_cache: Vec<Buffer>,
     /// per layer: [C][kv_dim] values
     pub value_cache: Vec<Buffer>,
-    /// [vocab] logits of the last token (host-readable)
+    /// [H][vocab] logits: of the last token (row 0), or of every token of a batched
+    /// decode step's head (one row per slot, H = `head_rows`) (host-readable)
     pub logits: Buffer,
-    /// [4] u32: argmax of the logits, with the non-finite flag (host-readable)
+    /// [max(4, H)] u32: argmax of each logits row, with the non-finite flag (host-readable)
     pub result: Buffer,
     /// StepHeader, [128] f32 rope frequencies, then [STEP_MAX_BATCH] u32 each of token
     /// ids, positions and cache rows (host-written)
@@ -51,6 +52,8 @@ pub struct Activations {
     pub dummy: Buffer,
     /// Batch capacity B.
     pub max_batch: usize,
+    /// Logits rows H (1, or the slots a batched decode step advances at most).
+    pub head_rows: usize,
     /// Context length C (positions per cache).
     pub ctx_len: usize,
 }
@@ -157,8 +160,16 @@ impl Activations {
         cfg: &Config,
         ctx_len: usize,
         max_batch: usize,
+        head_rows: usize,
     ) -> Result<Activations, EngineError> {
         let sz = ActivationSizes::new(cfg, ctx_len, max_batch)?;
+        let head_rows = head_rows.clamp(1, kernels::STEP_MAX_BATCH);
+        let logits_bytes = sz.logits.checked_mul(head_rows as u64).ok_or_else(|| {
+            EngineError::ContextTooLarge {
+                ctx_len,
+                why: format!("{head_rows} rows of logits overflow 64 bits"),
+            }
+        })?;
         let buf = |name: &str, bytes: u64, loc: MemLocation| {
             Buffer::new(ctx, &BufferDesc::storage(name, bytes.max(16), loc))
         };
@@ -187,12 +198,13 @@ impl Activations {
             )?,
             key_cache,
             value_cache,
-            logits: buf("logits", sz.logits, MemLocation::GpuToCpu)?,
-            result: buf("result", 16, MemLocation::GpuToCpu)?,
+            logits: buf("logits", logits_bytes, MemLocation::GpuToCpu)?,
+            result: buf("result", 4 * head_rows as u64, MemLocation::GpuToCpu)?,
             step: buf("step", sz.step, MemLocation::CpuToGpu)?,
             layer_dump: buf("layer_dump", sz.layer_dump, MemLocation::GpuToCpu)?,
             dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
             max_batch,
+            head_rows,
             ctx_len,
         })
     }

@@ -42,9 +42,6 @@ pub struct Recorder<'a> {
     pub batch: Batch,
     /// Timestamp after every dispatch, and the dispatch names, when profiling.
     pub profile: Option<(&'a QueryPool, &'a mut Vec<String>)>,
-    /// The token whose logits the head computes (`None`: the last; a batched decode
-    /// step runs the head once per slot's token).
-    pub head_row: Option<u32>,
 }
 
 impl Recorder<'_> {
@@ -184,18 +181,42 @@ impl Recorder<'_> {
 
     /// logits = Wout·rmsnorm(x[last]); result = argmax(logits)
     pub fn logits_argmax(&mut self) -> Result<(), EngineError> {
+        self.head(false)
+    }
+
+    /// logits[t] = Wout·rmsnorm(x[t]); result[t] = argmax(logits[t]) for every token t
+    /// of the batch: a batched decode step's head, one matmul over the slots' tokens
+    /// through the batch's own kernel (so a token's row is reduced the same way whatever
+    /// the batch size), then one argmax workgroup per row.
+    pub fn logits_argmax_rows(&mut self) -> Result<(), EngineError> {
+        self.head(true)
+    }
+
+    /// The head over the last token, or over every token (`all`).
+    fn head(&mut self, all: bool) -> Result<(), EngineError> {
         let model = self.model;
-        self.matmuls(&model.logits)?;
+        let rows = if all { self.n_tok } else { 1 };
+        let have = self.acts.logits.size();
+        let need = u64::from(rows) * self.cfg.vocab_size as u64 * 4;
+        check_fits("logits", "logits", need, have)?;
+        check_fits(
+            "argmax",
+            "result",
+            u64::from(rows) * 4,
+            self.acts.result.size(),
+        )?;
+        self.matmuls_of(&model.logits, all)?;
         if let Some(c) = &model.softcap {
             let p = self
                 .kernels
                 .softcap_ref()
                 .ok_or_else(|| missing("softcap"))?;
-            let need = u64::from(c.push.n) * 4;
-            check_fits("softcap", "logits", need, self.acts.logits.size())?;
-            let groups = c.push.n.div_ceil(kernels::SOFTCAP_WG);
+            let mut push = c.push;
+            push.n *= rows;
+            check_fits("softcap", "logits", u64::from(push.n) * 4, have)?;
+            let groups = push.n.div_ceil(kernels::SOFTCAP_WG);
             self.cmd
-                .dispatch(p, &c.set, bytemuck::bytes_of(&c.push), [groups, 1, 1]);
+                .dispatch(p, &c.set, bytemuck::bytes_of(&push), [groups, 1, 1]);
             self.after("softcap");
         }
         let push = kernels::ArgmaxPush {
@@ -205,7 +226,7 @@ impl Recorder<'_> {
             &self.kernels.argmax,
             &self.model.argmax,
             bytemuck::bytes_of(&push),
-            [1, 1, 1],
+            [rows, 1, 1],
         );
         self.after("argmax");
         self.cmd.host_barrier();
@@ -227,19 +248,26 @@ impl Recorder<'_> {
     /// The dispatches of one fused matmul (several only for split or mixed-type weights;
     /// they write disjoint rows, so no barrier between them).
     fn matmuls(&mut self, calls: &[MatmulCall]) -> Result<(), EngineError> {
+        self.matmuls_of(calls, false)
+    }
+
+    /// [`Recorder::matmuls`]; `all_tokens`: a `last_token_only` call (the logits) runs
+    /// over every token of the batch too.
+    fn matmuls_of(&mut self, calls: &[MatmulCall], all_tokens: bool) -> Result<(), EngineError> {
         for call in calls {
-            let key = self.kernels.matmul_key(
-                &call.variant,
-                self.batch,
-                self.model.neox,
-                self.model.head_dim,
-            );
+            let variant = crate::model::MatmulVariant {
+                last_token_only: call.variant.last_token_only && !all_tokens,
+                ..call.variant
+            };
+            let key =
+                self.kernels
+                    .matmul_key(&variant, self.batch, self.model.neox, self.model.head_dim);
             let p = self
                 .kernels
                 .matmul_ref(&key)
                 .ok_or_else(|| missing(&call.name))?;
-            let (n_tok, x_tok0) = if call.variant.last_token_only {
-                (1, self.head_row.unwrap_or(self.n_tok - 1))
+            let (n_tok, x_tok0) = if variant.last_token_only {
+                (1, self.n_tok - 1)
             } else {
                 (self.n_tok, 0)
             };

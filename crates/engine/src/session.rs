@@ -144,10 +144,11 @@ impl Session {
             })?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let chunk = prefill_chunk(&ctx, &cfg);
-        let acts = Activations::new(&ctx, &cfg, cache_rows, chunk)?;
+        let acts = Activations::new(&ctx, &cfg, cache_rows, chunk, opts.slots)?;
         let mut kernels = Kernels::new(&ctx)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
+        batch::head_pipelines(&mut kernels, &model)?;
 
         // RoPE frequencies with the linear scale and Llama 3's divisors folded in: the
         // global table in the step buffer (the fused q/k/v epilogue), both tables (global,
@@ -171,7 +172,7 @@ impl Session {
         let mut session = Session {
             decode_cmds: Vec::new(),
             prefill_cmd: CommandBuffer::new(&ctx)?,
-            batch: batch::BatchOut::new(&ctx, opts.slots, cfg.vocab_size)?,
+            batch: batch::BatchOut::new(&ctx)?,
             query,
             model,
             kernels,
@@ -451,7 +452,6 @@ impl Session {
             n_tok: tokens.len() as u32,
             batch: self.model.prefill,
             profile: self.query.as_ref().map(|q| (q, &mut names)),
-            head_row: None,
         };
         rec.forward(head, dump)?;
         self.prefill_cmd.end()?;
@@ -493,7 +493,6 @@ impl Session {
                 n_tok: 1,
                 batch: Batch::Decode,
                 profile,
-                head_row: None,
             };
             if n_cmds == 1 {
                 rec.forward(Head::LogitsArgmax, false)?;

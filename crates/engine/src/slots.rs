@@ -36,10 +36,11 @@
 //! decoding slot's chosen token is fed in ONE submit ([`Session::decode_batch`]): the
 //! slots' tokens are one batch, each with its own position and cache row in the step
 //! buffer, so every layer's matmuls are a small matrix-matrix product over the slots and
-//! the weights are read once per step whatever the concurrency (the logits head runs once
-//! per slot). Batch-invariant: each token's rows are reduced in the same order at any
-//! batch size and the head uses the same pipeline for every slot, so a slot's tokens do
-//! not depend on what runs beside it (tested). With [`SlotsOptions::batched`] off, each
+//! the weights are read once per step whatever the concurrency, the output matrix of the
+//! logits head included (one matmul over the slots' final hidden states, then one argmax
+//! per slot on the GPU; only sampling slots read their logits back). Batch-invariant:
+//! each token's rows are reduced in the same order at any batch size, so a slot's tokens
+//! do not depend on what runs beside it (tested). With [`SlotsOptions::batched`] off, each
 //! decoding slot is its own submit through the one-token pipelines instead, which is
 //! exactly how the one-shot [`crate::Generator`] decodes.
 //!
@@ -123,7 +124,15 @@ impl Slots {
             slots: n,
             ..opts.session.clone()
         };
-        let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
+        let mut session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
+        if opts.batched {
+            // warm the batched step's own pipelines (its head: lavapipe compiles a
+            // pipeline on its first dispatch), then forget the throw-away token
+            let mm = opts.batch_kernel == BatchKernel::MatrixMatrix;
+            session.decode_batch(&[(0, 0)], false, mm)?;
+            session.select_slot(0)?;
+            session.reset();
+        }
         let per_slot = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
         let report = session.weights().report();
         let kv_bytes = per_slot.saturating_mul(n as u64);
@@ -174,6 +183,13 @@ impl Slots {
     /// [`SlotsOptions::batched`]); for A/B runs.
     pub fn set_batched(&mut self, batched: bool) {
         self.batched = batched;
+    }
+
+    /// Switches the batched step's head between the matrix-matrix kernel over every
+    /// slot's token (the default) and the one-token kernel once per token; for A/B runs.
+    pub fn set_head_kernel(&mut self, kernel: BatchKernel) {
+        self.session
+            .set_batch_head(kernel == BatchKernel::MatrixMatrix);
     }
 
     /// Switches the batched step's matmul kernel (see [`BatchKernel`]); for A/B runs.

@@ -298,6 +298,9 @@ impl<E: SlotEngine> Loop<E> {
                 let Some(r) = slots[slot].take() else {
                     return;
                 };
+                // the gauge drops before the answer goes out (a client that reads
+                // /metrics right after its answer sees its slot free)
+                metrics.set_busy(slots.iter().filter(|r| r.is_some()).count() as u64);
                 let u = &completion.usage;
                 Metrics::add(&metrics.prompt_tokens, u.prompt_tokens as u64);
                 Metrics::add(&metrics.reused_tokens, u.reused_tokens as u64);

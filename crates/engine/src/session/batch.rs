@@ -7,61 +7,62 @@
 //! Batch-invariant: the layers run one matmul pipeline whatever the batch size (the
 //! prefill-shaped matrix-matrix one, tokens in independent accumulators, or the one-token
 //! decode one, a workgroup row per token), each row reduced in the same order for any
-//! batch; attention is one workgroup per (head, token), and the head (logits + argmax)
-//! runs once per token with the one-token pipeline. A slot's results are therefore the
-//! same alone or beside others, as long as every step goes through here; with the
-//! one-token matmul they are also those of a lone `decode_*` (the one-shot generator).
+//! batch; attention is one workgroup per (head, token), and the head is one matmul over
+//! every token of the batch through the layers' kernel (each token's logits row reduced
+//! the same way at any batch size), then one argmax workgroup per row. A slot's results
+//! are therefore the same alone or beside others, as long as every step goes through
+//! here; with the one-token matmul they are also those of a lone `decode_*` (the one-shot
+//! generator).
 
-use vk::{Buffer, BufferDesc, CommandBuffer, MemLocation};
+use vk::CommandBuffer;
 
 use super::Session;
 use crate::forward::Recorder;
-use crate::kernels::{ARGMAX_NON_FINITE, STEP_MAX_BATCH};
-use crate::model::Batch;
+use crate::kernels::{Kernels, ARGMAX_NON_FINITE, STEP_MAX_BATCH};
+use crate::model::{Batch, GpuModel, MatmulVariant};
+use crate::profile::{dispatch_weight_bytes, per_kernel, KernelTime};
 use crate::EngineError;
 
-/// The batched step's command buffer and where each token's prediction is copied.
-///
-/// Field order is drop order: the command buffer before the buffers it names.
+/// The batched step's command buffer and what the last step left.
 pub(super) struct BatchOut {
     cmd: CommandBuffer,
-    /// [STEP_MAX_BATCH] u32: each token's argmax, with the non-finite flag.
-    result: Buffer,
-    /// [slots][vocab] f32: each token's logits (copied only when asked).
-    logits: Buffer,
-    /// Tokens in the last batched step, and whether their logits were kept.
+    /// Tokens in the last batched step, and whether their logits may be read.
     last: (usize, bool),
+    /// Per-kernel GPU time of the last batched step, when the session profiles.
+    profile: Option<Vec<KernelTime>>,
+    /// The head's matmul: the matrix-matrix kernel over every token (true), or the
+    /// one-token kernel once per token (one dispatch still); for A/B runs.
+    head_mm: bool,
 }
 
 impl BatchOut {
-    pub fn new(
-        ctx: &std::sync::Arc<vk::Context>,
-        slots: usize,
-        vocab: usize,
-    ) -> Result<BatchOut, EngineError> {
-        let n = slots.min(STEP_MAX_BATCH) as u64;
-        let bytes = n
-            .checked_mul(vocab as u64 * 4)
-            .ok_or_else(|| EngineError::Input(format!("{slots} slots of logits overflow")))?;
-        let buf = |name: &str, b: u64| {
-            Buffer::new(
-                ctx,
-                &BufferDesc::storage(name, b.max(16), MemLocation::GpuToCpu),
-            )
-        };
+    pub fn new(ctx: &std::sync::Arc<vk::Context>) -> Result<BatchOut, EngineError> {
         Ok(BatchOut {
             cmd: CommandBuffer::new(ctx)?,
-            result: buf("batch_result", 4 * STEP_MAX_BATCH as u64)?,
-            logits: buf("batch_logits", bytes)?,
             last: (0, false),
+            profile: None,
+            head_mm: true,
         })
     }
+}
+
+/// Creates the pipelines of the batched head: the logits over every token of the batch
+/// through the matrix-matrix kernel (the one-token kernel's are the lone head's).
+pub(super) fn head_pipelines(kernels: &mut Kernels, model: &GpuModel) -> Result<(), EngineError> {
+    for call in &model.logits {
+        let variant = MatmulVariant {
+            last_token_only: false,
+            ..call.variant
+        };
+        kernels.matmul(kernels.matmul_key(&variant, Batch::Prefill, model.neox, model.head_dim))?;
+    }
+    Ok(())
 }
 
 impl Session {
     /// Feeds `items[i].1` to slot `items[i].0` (at that slot's next position), every
     /// item in ONE submit; afterwards [`Session::batch_argmax`] / [`Session::batch_logits`]
-    /// give item `i`'s next-token prediction (`keep_logits` copies the logits too). The
+    /// give item `i`'s next-token prediction (`keep_logits`: the logits may be read). The
     /// slots must differ and have room; at most `min(slots, STEP_MAX_BATCH)` items.
     /// `matrix_matrix`: the layers' matmuls read each weight chunk once per 4 tokens (the
     /// prefill kernel); else once per token through the one-token decode kernel.
@@ -98,9 +99,9 @@ impl Session {
         }
         self.write_step_items(&step)?;
         let n_tok = items.len() as u32;
-        let vocab_bytes = (self.cfg.vocab_size * 4) as u64;
         let cmd = &mut self.batch.cmd;
         cmd.begin()?;
+        let mut names = Vec::new();
         let mut rec = Recorder {
             cmd,
             kernels: &self.kernels,
@@ -114,34 +115,25 @@ impl Session {
             } else {
                 Batch::Decode
             },
-            profile: None,
-            head_row: None,
+            profile: self.query.as_ref().map(|q| (q, &mut names)),
         };
+        rec.begin_profile();
         rec.embed()?;
         for l in 0..self.model.layers.len() {
             rec.layer(l)?;
         }
-        for i in 0..n_tok {
-            rec.head_row = Some(i);
-            rec.logits_argmax()?;
-            rec.cmd.barrier();
-            let at = u64::from(i);
-            rec.cmd
-                .copy_buffer(&self.acts.result, &self.batch.result, &[(0, 4 * at, 4)]);
-            if keep_logits {
-                rec.cmd.copy_buffer(
-                    &self.acts.logits,
-                    &self.batch.logits,
-                    &[(0, at * vocab_bytes, vocab_bytes)],
-                );
-            }
-            // the next head overwrites logits and result
-            rec.cmd.barrier();
+        if !self.batch.head_mm {
+            rec.batch = Batch::Decode;
         }
-        rec.cmd.host_barrier();
+        rec.logits_argmax_rows()?;
         self.batch.cmd.end()?;
         self.ctx.submit_and_wait(&self.batch.cmd)?;
         self.counters.host_waits += 1;
+        if let Some(q) = &self.query {
+            let ts = q.read_ns(0, names.len() as u32 + 1)?;
+            let bytes = dispatch_weight_bytes(&self.model, &names);
+            self.batch.profile = Some(per_kernel(&names, &bytes, &ts));
+        }
         for &(slot, _) in items {
             self.pos[slot] += 1;
         }
@@ -150,12 +142,25 @@ impl Session {
         Ok(())
     }
 
+    /// Which matmul kernel the batched step's head runs (`matrix_matrix`: the prefill
+    /// kernel over every token, the default; else the one-token kernel once per token);
+    /// for A/B runs. Both keep a token's logits independent of the batch size.
+    pub fn set_batch_head(&mut self, matrix_matrix: bool) {
+        self.batch.head_mm = matrix_matrix;
+    }
+
+    /// Per-kernel GPU time of the last [`Session::decode_batch`] (kernels in order of
+    /// first appearance), when the session profiles.
+    pub fn profile_last_batch(&self) -> Option<Vec<KernelTime>> {
+        self.batch.profile.clone()
+    }
+
     /// Item `i`'s argmax after the last [`Session::decode_batch`], or
     /// [`EngineError::NonFiniteLogits`] when its logits held a NaN or an infinity.
     pub fn batch_argmax(&mut self, i: usize, slot: usize) -> Result<u32, EngineError> {
         self.check_batch_item(i, false)?;
         let mut r = [0u32; 1];
-        self.batch.result.read(4 * i as u64, &mut r)?;
+        self.acts.result.read(4 * i as u64, &mut r)?;
         self.counters.bytes_read_back += 4;
         if r[0] & ARGMAX_NON_FINITE != 0 {
             return Err(EngineError::NonFiniteLogits {
@@ -169,7 +174,7 @@ impl Session {
     pub fn batch_logits(&mut self, i: usize) -> Result<&[f32], EngineError> {
         self.check_batch_item(i, true)?;
         let ofs = (i * self.cfg.vocab_size * 4) as u64;
-        self.batch.logits.read(ofs, &mut self.logits_host)?;
+        self.acts.logits.read(ofs, &mut self.logits_host)?;
         self.counters.bytes_read_back += (self.logits_host.len() * 4) as u64;
         Ok(&self.logits_host)
     }
