@@ -11,6 +11,14 @@
 // grows; the lanes' partial results are merged once at the end. So scores never go to
 // memory, and every load in the position loop is a per-lane texel fetch: on lavapipe
 // storage-buffer and shared-memory loads are loops over the lanes.
+//
+// Tried and dropped (branch `attn`, 86c8610): a tile of queries per workgroup (the query
+// heads of one KV head x 1-2 tokens, 1-4 positions per lane per block), so each key and
+// value fetched serves several queries. Slower on lavapipe at every tile shape: attention
+// took 29-50% of the last 64-token prefill chunk against 21-27% for this kernel, and
+// 17-28% of a decode token at context ~520 against 15-19% (`vkdecode bench -p 512 -n 8
+// --profile`, alternating, load 6.5-12). The more queries a lane holds, the slower each
+// texel fetch (an out-of-line call, around which the live vector registers are saved).
 #extension GL_GOOGLE_include_directive : require
 
 #include "step.glsl"
