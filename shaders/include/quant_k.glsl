@@ -20,30 +20,32 @@
 #include "quant_k_common.glsl"
 
 #if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-// Scales and mins (6 bits each) of sub-blocks 2s and 2s + 1 at once (ggml's
-// get_scale_min_k4; Rust twin gguf::quant::scale_min_k4) from the header's three scale
-// words: .x the two scales, .y the two mins, sub-block 2s in the low byte. Both come from
-// bytes 2(s & 1) and 2(s & 1) + 1 of the words.
-uvec2 k4_scale_min2(uvec3 sc, uint s) {
-    uint sh = 16u * (s & 1u);
-    uvec2 ab = uvec2(sc.x, sc.y) >> sh;
-    uint c = sc.z >> sh;
-    uvec2 lo = ab & 0x3F3Fu;
-    uvec2 hi = (uvec2(c, c >> 4u) & 0x0F0Fu) | ((ab >> 2u) & 0x3030u);
-    return s < 2u ? lo : hi;
+// Scale and min (6 bits each) of sub-block j (0..7) from the header's three scale words
+// (ggml's get_scale_min_k4; Rust twin gguf::quant::scale_min_k4).
+uvec2 k4_scale_min(uvec3 sc, uint j) {
+    uint s = 8u * (j & 3u);
+    uint a = sc.x >> s;
+    uint b = sc.y >> s;
+    uint c = sc.z >> s;
+    uvec2 lo = uvec2(a & 63u, b & 63u);
+    uvec2 hi = uvec2((c & 15u) | (((a >> 6u) & 3u) << 4u), ((c >> 4u) & 15u) | (((b >> 6u) & 3u) << 4u));
+    return j < 4u ? lo : hi;
 }
 
-// qd, qm of the sub-block whose scale and min are byte SH / 8 of KSM's words:
-// element = d * scale * q - dmin * min.
-#define K4_SCALES_(KSM, SH)                                                               \
-    qd = kdm_.x * float((KSM.x >> (SH)) & 0xFFu);                                         \
-    qm = -(kdm_.y * float((KSM.y >> (SH)) & 0xFFu));
+// qd, qm of sub-block j: element = d * scale * q - dmin * min.
+#define K4_SCALES_(HD, J)                                                                 \
+    {                                                                                     \
+        uvec2 ksm_ = k4_scale_min(HD.yzw, (J));                                           \
+        vec2 kdm_ = unpackHalf2x16(HD.x);                                                 \
+        qd = kdm_.x * float(ksm_.x);                                                      \
+        qm = -(kdm_.y * float(ksm_.y));                                                   \
+    }
 #endif
 
 #if defined(WTYPE_Q4_K)
 // Chunk s of a super-block is group s: 32 bytes of qs (words 4 + 8s ..), whose low nibbles
 // are sub-block 2s (quads 0..7) and high nibbles sub-block 2s + 1 (quads 8..15).
-// 3 texel fetches per chunk on an aligned view, 5 otherwise (k_load4w_a, k_load8w_a).
+// 5 texel fetches per chunk.
 #define QUANT_HAS_MIN true
 #define K4_LO_(Q, U) nibbles(Q, 0u)
 #define K4_HI_(Q, U) nibbles(Q, 4u)
@@ -51,24 +53,21 @@ uvec2 k4_scale_min2(uvec3 sc, uint s) {
     {                                                                                     \
         uint ks_ = (c) & 3u;                                                              \
         uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 36u;                              \
-        uvec4 khd_ = k_load4w_a(BUF, kw_);                                                  \
+        uvec4 khd_ = k_load4w(BUF, kw_);                                                  \
         uvec4 kq0_, kq1_;                                                                 \
-        k_load8w_a(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_);                                   \
-        uvec2 ksm_ = k4_scale_min2(khd_.yzw, ks_);                                        \
-        vec2 kdm_ = unpackHalf2x16(khd_.x);                                               \
+        k_load8w(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_);                                   \
         float qd, qm;                                                                     \
-        K4_SCALES_(ksm_, 0u)                                                              \
+        K4_SCALES_(khd_, 2u * ks_)                                                        \
         K_8QUADS_(K4_LO_, kq0_, kq1_, kq0_, kq1_, 0u, BODY)                               \
         BLOCK_END                                                                         \
-        K4_SCALES_(ksm_, 8u)                                                              \
+        K4_SCALES_(khd_, 2u * ks_ + 1u)                                                   \
         K_8QUADS_(K4_HI_, kq0_, kq1_, kq0_, kq1_, 8u, BODY)                               \
         BLOCK_END                                                                         \
     }
 
 #elif defined(WTYPE_Q5_K)
 // As Q4_K (qs at words 12 + 8s ..), the fifth bits in qh (words 4..11): bit 2s of byte l
-// for element l of the chunk, bit 2s + 1 for element 32 + l. 5 texel fetches per chunk
-// aligned, 7 otherwise.
+// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk.
 #define QUANT_HAS_MIN true
 #define K5_LO_(Q, H) k_bytes((Q & 0x0F0F0F0Fu) | (((H >> khs_) & 0x01010101u) << 4u))
 #define K5_HI_(Q, H) k_bytes(((Q >> 4u) & 0x0F0F0F0Fu) | (((H >> (khs_ + 1u)) & 0x01010101u) << 4u))
@@ -78,15 +77,13 @@ uvec2 k4_scale_min2(uvec3 sc, uint s) {
         uint khs_ = 2u * ks_;                                                             \
         uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 44u;                              \
         uvec4 khd_, kh0_, kh1_, kq0_, kq1_;                                               \
-        k_load12w_a(BUF, kw_, khd_, kh0_, kh1_);                                            \
-        k_load8w_a(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_);                                  \
-        uvec2 ksm_ = k4_scale_min2(khd_.yzw, ks_);                                        \
-        vec2 kdm_ = unpackHalf2x16(khd_.x);                                               \
+        k_load12w(BUF, kw_, khd_, kh0_, kh1_);                                            \
+        k_load8w(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_);                                  \
         float qd, qm;                                                                     \
-        K4_SCALES_(ksm_, 0u)                                                              \
+        K4_SCALES_(khd_, khs_)                                                            \
         K_8QUADS_(K5_LO_, kq0_, kq1_, kh0_, kh1_, 0u, BODY)                               \
         BLOCK_END                                                                         \
-        K4_SCALES_(ksm_, 8u)                                                              \
+        K4_SCALES_(khd_, khs_ + 1u)                                                       \
         K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
         BLOCK_END                                                                         \
     }

@@ -20,6 +20,13 @@ uint k_word(usamplerBuffer b, uint w) {
     return word_of(texelFetch(b, int(w >> 2u)), w & 3u);
 }
 
+// The 4 words at word w: 2 fetches.
+uvec4 k_load4w(usamplerBuffer b, uint w) {
+    int t = int(w >> 2u);
+    int last = int((w + 3u) >> 2u);
+    return k_window4(texelFetch(b, t), texelFetch(b, min(t + 1, last)), w & 3u);
+}
+
 // The 8 words at word w: 3 fetches.
 void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
     int t = int(w >> 2u);
@@ -28,42 +35,12 @@ void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
             r0, r1);
 }
 
-// The _a loads below (Q4_K, Q5_K) fetch their last texel only when w is not on a texel
-// boundary, in a loop of zero or one trips: lavapipe runs both sides of a branch, masked,
-// but skips a loop that no lane enters. Their callers' w is dynamically uniform modulo 4
-// (the 144- and 176-byte super-blocks keep their row's alignment), so an aligned view
-// (every real file: GGUF aligns tensors to 32 bytes) pays one fetch fewer per load; a
-// varying alignment is still right (the loop runs while any lane needs the texel, and
-// a lane that does not fetches no texel past its bytes).
-#define K_TAIL_FETCH_(w, DST, EXPR)                                                      \
-    for (uint kt_ = ((w) & 3u) == 0u ? 1u : 0u; kt_ < 1u; kt_++) {                      \
-        DST = (EXPR);                                                                     \
-    }
-
-// The 4 words at word w: 1 fetch aligned, 2 otherwise.
-uvec4 k_load4w_a(usamplerBuffer b, uint w) {
+// The 12 words at word w: 4 fetches.
+void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
     int t = int(w >> 2u);
-    uvec4 t0 = texelFetch(b, t);
-    uvec4 t1 = t0;
-    K_TAIL_FETCH_(w, t1, texelFetch(b, min(t + 1, int((w + 3u) >> 2u))))
-    return k_window4(t0, t1, w & 3u);
-}
-
-// The 8 words at word w: 2 fetches aligned, 3 otherwise.
-void k_load8w_a(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
-    int t = int(w >> 2u);
-    uvec4 t1 = texelFetch(b, t + 1);
-    uvec4 t2 = t1;
-    K_TAIL_FETCH_(w, t2, texelFetch(b, min(t + 2, int((w + 7u) >> 2u))))
-    window8(texelFetch(b, t), t1, t2, w & 3u, r0, r1);
-}
-
-// The 12 words at word w: 3 fetches aligned, 4 otherwise.
-void k_load12w_a(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
-    int t = int(w >> 2u);
+    int last = int((w + 11u) >> 2u);
     uvec4 t2 = texelFetch(b, t + 2);
-    uvec4 t3 = t2;
-    K_TAIL_FETCH_(w, t3, texelFetch(b, min(t + 3, int((w + 11u) >> 2u))))
+    uvec4 t3 = texelFetch(b, min(t + 3, last));
     window8(texelFetch(b, t), texelFetch(b, t + 1), t2, w & 3u, r0, r1);
     r2 = k_window4(t2, t3, w & 3u);
 }
