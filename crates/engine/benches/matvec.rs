@@ -1,6 +1,7 @@
 //! criterion: the decode matvec (`matmul.comp` with the engine's decode shape, one token)
-//! on Q8_0 and Q4_1 weights at the default model's shapes, and on Q8_0 and the K-quants at
-//! shapes whose rows are whole super-blocks, in GB/s of weight bytes read.
+//! on Q8_0 and Q4_1 weights at the default model's shapes, on Q8_0 and the K-quants at
+//! shapes whose rows are whole super-blocks, and on Q8_0 at Gemma 3 270M's 640-column
+//! shapes (its output head among them), in GB/s of weight bytes read.
 //!
 //! Each iteration submits one pre-recorded command buffer (the dispatch, then a host
 //! barrier) and waits on its fence, so the clock stops only once the GPU is done.
@@ -46,6 +47,12 @@ const K_SHAPES: [(usize, usize, &str); 3] = [
     (2048, 640, "gemma down"),
     (2048, 8192, "large"),
 ];
+
+/// Gemma 3 270M's 640-column matvecs in Q8_0: gate/up, and the tied embedding as the
+/// output head (262144 rows, 178 MB: the bulk of a Gemma decode token), so the head's GB/s
+/// can be set against a small matrix of the same row length in one run.
+const GEMMA_SHAPES: [(usize, usize, &str); 2] =
+    [(640, 2048, "gemma gate"), (640, 262_144, "gemma logits")];
 
 /// The types timed at [`SHAPES`] and, with Q8_0 as the yardstick, at [`K_SHAPES`].
 const TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_1];
@@ -155,7 +162,8 @@ fn matvec(c: &mut Criterion) {
                 .iter()
                 .flat_map(|&s| K_TYPES.iter().map(move |&ty| (ty, s)))
                 .filter(|(ty, s)| !(TYPES.contains(ty) && SHAPES.contains(s))),
-        );
+        )
+        .chain(GEMMA_SHAPES.iter().map(|&s| (GgmlType::Q8_0, s)));
     for (ty, (cols, rows, what)) in runs {
         let format = kernels::weight_texel_format(ty);
         let dummy_w = BufferView::new(&ctx, dummy.binding(), format).expect("view");
