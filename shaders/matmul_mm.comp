@@ -37,14 +37,24 @@
 // tokens): no change.
 //
 // Defines (crates/vk/build.rs "matmul_mm"): WTYPE_*, IN_RMSNORM, OUT_MODE as matmul.comp,
-// TT (tokens per workgroup: 8) and TB=4 (store_pair's token group).
+// TT (tokens per workgroup: 8, or 2 for a step of one or two tokens: a lone serving
+// slot's decode, a one-token prompt chunk) and TB = min(TT, 4) (store_pair's token group).
+// A token's sums are the same operations in the same order at either TT (per chunk, the
+// 16 quads from zero, then added to its accumulator), so its outputs are bit-identical
+// whatever the tile: the serving slots' batch invariance does not depend on it.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_ballot : require
 
 #include "matmul.glsl"
 
-#if !defined(TT) || TT != 8
-#error "matmul_mm is written for TT=8 (crates/vk/build.rs)"
+#if !defined(TT) || (TT != 8 && TT != 2)
+#error "matmul_mm is written for TT=8 and TT=2 (crates/vk/build.rs)"
+#endif
+// A tile's zeroed accumulators (one per token).
+#if TT == 8
+#define ZEROS float[TT](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+#else
+#define ZEROS float[TT](0.0, 0.0)
 #endif
 
 // Every weight read goes through QUANT_ROW_CHUNK (include/quant.glsl); this fallback is
@@ -137,8 +147,12 @@ void main() {
 #if defined(IN_RMSNORM)
     float r0 = mm_rms_scale(mm_x_row(t0, sid));
     float r1 = gl_SubgroupSize >= 8u ? r0 : mm_rms_scale(mm_x_row(t0, sid + 4u));
+#if TT == 8
     sc_lo = vec4(TOKS(0u, r0, r1), TOKS(1u, r0, r1), TOKS(2u, r0, r1), TOKS(3u, r0, r1));
     sc_hi = vec4(TOKS(4u, r0, r1), TOKS(5u, r0, r1), TOKS(6u, r0, r1), TOKS(7u, r0, r1));
+#else
+    sc_lo = vec4(TOKS(0u, r0, r1), TOKS(1u, r0, r1), 1.0, 1.0);
+#endif
 #endif
     uint xo[TT];
     for (uint t = 0u; t < TT; t++) {
@@ -153,10 +167,10 @@ void main() {
         uint rb = P.b_ok ? P.rb : 0u;
         uint rc = Q.a_ok ? Q.ra : 0u;
         uint rd = Q.b_ok ? Q.rb : 0u;
-        float acc_a[TT] = float[TT](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        float acc_b[TT] = float[TT](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        float acc_c[TT] = float[TT](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        float acc_d[TT] = float[TT](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        float acc_a[TT] = ZEROS;
+        float acc_b[TT] = ZEROS;
+        float acc_c[TT] = ZEROS;
+        float acc_d[TT] = ZEROS;
         for (uint c = 0u; c < nchunks; c++) {
             uint cq = c * 16u;
             vec4 wa[16];
@@ -169,13 +183,16 @@ void main() {
             QUANT_ROW_CHUNK(WB, WOFS_B, rd, nchunks, c, wd[qi] = fma(vec4(qd), wq, vec4(qm));, )
             TOKEN(0)
             TOKEN(1)
+#if TT == 8
             TOKEN(2)
             TOKEN(3)
             TOKEN(4)
             TOKEN(5)
             TOKEN(6)
             TOKEN(7)
+#endif
         }
+#if TT == 8
         store_pair(P, vec4(acc_a[0], acc_a[1], acc_a[2], acc_a[3]),
                    vec4(acc_b[0], acc_b[1], acc_b[2], acc_b[3]), sc_lo, view, orow, t0);
         store_pair(P, vec4(acc_a[4], acc_a[5], acc_a[6], acc_a[7]),
@@ -184,5 +201,12 @@ void main() {
                    vec4(acc_d[0], acc_d[1], acc_d[2], acc_d[3]), sc_lo, view, orow, t0);
         store_pair(Q, vec4(acc_c[4], acc_c[5], acc_c[6], acc_c[7]),
                    vec4(acc_d[4], acc_d[5], acc_d[6], acc_d[7]), sc_hi, view, orow, t0 + 4u);
+#else
+        // TB = 2: store_pair writes tokens t0 and t0 + 1 (.x, .y)
+        store_pair(P, vec4(acc_a[0], acc_a[1], 0.0, 0.0), vec4(acc_b[0], acc_b[1], 0.0, 0.0),
+                   sc_lo, view, orow, t0);
+        store_pair(Q, vec4(acc_c[0], acc_c[1], 0.0, 0.0), vec4(acc_d[0], acc_d[1], 0.0, 0.0),
+                   sc_lo, view, orow, t0);
+#endif
     }
 }

@@ -54,7 +54,7 @@ const EPILOGUES: [(&str, &[&str]); 6] = [
 const MATMUL_TB: [u32; 2] = [1, 4];
 /// Tokens per workgroup of the prefill GEMM (`matmul_mm.comp`'s `TT`;
 /// engine::kernels::GEMM_TT).
-const GEMM_TT: [u32; 1] = [8];
+const GEMM_TT: [u32; 2] = [2, 8];
 /// Whole rounds of lanes' chunks per row of the column-split matmul (its `SPLIT_K`).
 const SPLIT_K: [u32; 4] = [1, 2, 3, 4];
 
@@ -92,7 +92,8 @@ fn variants(stem: &str) -> Vec<Variant> {
                     // "logits" too: at batch width it is the plain q/k/v before heads.comp
                     for (epi, defs) in EPILOGUES {
                         let ttdef = format!("TT={tt}");
-                        let mut flags = vec![def, "TB=4", ttdef.as_str()];
+                        let tbdef = format!("TB={}", tt.min(4));
+                        let mut flags = vec![def, tbdef.as_str(), ttdef.as_str()];
                         flags.extend_from_slice(defs);
                         out.push(variant(format!("{ty}.t{tt}.{epi}"), &flags));
                     }

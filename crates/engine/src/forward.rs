@@ -259,18 +259,19 @@ impl Recorder<'_> {
                 last_token_only: call.variant.last_token_only && !all_tokens,
                 ..call.variant
             };
-            let key =
-                self.kernels
-                    .matmul_key(&variant, self.batch, self.model.neox, self.model.head_dim);
-            let p = self
-                .kernels
-                .matmul_ref(&key)
-                .ok_or_else(|| missing(&call.name))?;
             let (n_tok, x_tok0) = if variant.last_token_only {
                 (1, self.n_tok - 1)
             } else {
                 (self.n_tok, 0)
             };
+            let key = self
+                .kernels
+                .matmul_key(&variant, self.batch, self.model.neox, self.model.head_dim)
+                .for_tokens(n_tok);
+            let p = self
+                .kernels
+                .matmul_ref(&key)
+                .ok_or_else(|| missing(&call.name))?;
             let mut push = MatmulPush {
                 n_tok,
                 x_tok0,

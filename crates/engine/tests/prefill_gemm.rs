@@ -112,8 +112,9 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
 }
 
 /// The GEMM (engine's prefill key, Add epilogue) against the CPU matmul for every type:
-/// 202 rows (a full 128-row tile and a partial one), 192 and 704 columns, 1, 13 and 21
-/// tokens (partial 8-token tiles, up to three tiles in y), weights at a word offset.
+/// 202 rows (a full 128-row tile and a partial one), 192 and 704 columns, 1, 2, 13 and
+/// 21 tokens (partial 8-token tiles, up to three tiles in y), weights at a word offset;
+/// at 1 and 2 tokens the small tile (`MatmulKey::for_tokens`) gives the same bits.
 #[test]
 fn gemm_matches_cpu_matmul_at_odd_shapes() {
     let Some(ctx) = ctx() else { return };
@@ -136,7 +137,7 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
             let mut bytes = vec![0xA5u8; 64];
             bytes.extend_from_slice(&w);
             let (_wbuf, wv) = weight_view(&ctx, "w", &bytes, ty);
-            for n_tok in [1, 13, 21] {
+            for n_tok in [1, 2, 13, 21] {
                 let x = values(n_tok * cols, 2 + n_tok);
                 let xbuf = upload(&ctx, "x", &x);
                 let xv = xview(&ctx, &xbuf);
@@ -183,6 +184,29 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                 }];
                 dispatch_matmul(&ctx, &mut ks, key, &bindings, push, &slots);
                 let got = read_f32(&out, n_tok * rows);
+                // one or two tokens: the small tile gives the same bits as the full one
+                // (the serving slots' batch invariance rests on it)
+                let small = key.for_tokens(n_tok as u32);
+                assert_eq!(small != key, n_tok <= 2, "the small tile takes 1-2 tokens");
+                if small != key {
+                    assert_eq!(small.tb, engine::kernels::GEMM_SMALL_TILE);
+                    let out_s = zeros(&ctx, "out_small", n_tok * rows);
+                    let bindings = MatmulBindings {
+                        out0: out_s.binding(),
+                        ..bindings
+                    };
+                    dispatch_matmul(&ctx, &mut ks, small, &bindings, push, &slots);
+                    let got_s = read_f32(&out_s, n_tok * rows);
+                    for (i, (g, s)) in got.iter().zip(&got_s).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            s.to_bits(),
+                            "{ty:?} {cols} columns, {n_tok} tokens, element {i}: tile {} {g} vs tile {} {s}",
+                            key.tb,
+                            small.tb
+                        );
+                    }
+                }
                 // f32 sums of `cols` products of magnitude <= 1, in another order
                 let tol = 1e-5 * cols as f32;
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {

@@ -12,8 +12,14 @@
 
 use super::{Epilogue, Kernels, MatmulKey};
 
-/// Tokens per workgroup the GEMM is built for (crates/vk/build.rs `GEMM_TT`).
-pub const GEMM_TT: [u32; 1] = [8];
+/// Tokens per workgroup the GEMM is built for (crates/vk/build.rs `GEMM_TT`): the
+/// tile, and [`GEMM_SMALL_TILE`].
+pub const GEMM_TT: [u32; 2] = [GEMM_SMALL_TILE, GEMM_TILE];
+
+/// The GEMM tile of a step of at most this many tokens (a lone serving slot's decode, a
+/// one-token prompt chunk), so that one token does not pay for [`GEMM_TILE`]. Not 1 or
+/// 4: a key's `tb` of 1 or 4 names matmul.comp ([`MATMUL_TB`](super::MATMUL_TB)).
+pub const GEMM_SMALL_TILE: u32 = 2;
 
 /// The prefill GEMM's shape measured best on lavapipe: lanes per workgroup, row pairs
 /// per lane (two at a time in lockstep), tokens per workgroup (one of [`GEMM_TT`]).

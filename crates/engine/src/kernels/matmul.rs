@@ -144,6 +144,20 @@ impl Epilogue {
 }
 
 impl MatmulKey {
+    /// This key for a dispatch over `n_tok` tokens: a GEMM key's tile shrinks to
+    /// [`GEMM_SMALL_TILE`](super::GEMM_SMALL_TILE) when that covers them (every token's
+    /// rows come out bit-identical at either tile: matmul_mm.comp), others are unchanged.
+    pub fn for_tokens(self, n_tok: u32) -> MatmulKey {
+        if super::is_gemm_tile(self.tb) && n_tok <= super::GEMM_SMALL_TILE {
+            MatmulKey {
+                tb: super::GEMM_SMALL_TILE,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+
     /// Output rows one workgroup covers.
     pub fn tile_rows(&self) -> u32 {
         if self.out_mode.is_gated() {

@@ -54,7 +54,9 @@ pub(super) fn head_pipelines(kernels: &mut Kernels, model: &GpuModel) -> Result<
             last_token_only: false,
             ..call.variant
         };
-        kernels.matmul(kernels.matmul_key(&variant, Batch::Prefill, model.neox, model.head_dim))?;
+        let key = kernels.matmul_key(&variant, Batch::Prefill, model.neox, model.head_dim);
+        kernels.matmul(key)?;
+        kernels.matmul(key.for_tokens(1))?;
     }
     Ok(())
 }
