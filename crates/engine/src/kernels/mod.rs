@@ -424,3 +424,34 @@ pub fn rope_freqs_ext(base: f32, scale: f32, factors: Option<&[f32]>, head_dim: 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step buffer's layout is written twice, in `shaders/include/step.glsl` and
+    /// here: the GLSL defines must equal the Rust constants (a mismatch moves every
+    /// token's position and cache row).
+    #[test]
+    fn step_layout_matches_step_glsl() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shaders/include/step.glsl"
+        );
+        let glsl = std::fs::read_to_string(path).expect("shaders/include/step.glsl");
+        let define = |name: &str| -> usize {
+            let line = glsl
+                .lines()
+                .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+                .unwrap_or_else(|| panic!("step.glsl defines {name}"));
+            let value = line
+                .split_whitespace()
+                .nth(2)
+                .unwrap()
+                .trim_end_matches('u');
+            value.parse().unwrap_or_else(|_| panic!("{name} = {value}"))
+        };
+        assert_eq!(define("STEP_MAX_BATCH"), STEP_MAX_BATCH);
+        assert_eq!(define("STEP_FREQS_MAX"), STEP_FREQS_MAX);
+    }
+}
