@@ -1,12 +1,16 @@
 //! `vkdecode chat` driven through stdin (not a terminal: one message per line) on the
 //! default model: two turns, the second prefilling only its new tokens (`/stats`) and
 //! answering exactly as the one-shot CLI does on the same rendered prompt (greedy); then
-//! `/system` and `/clear` start a new conversation and `/quit` ends the session.
+//! `/system` and `/clear` start a new conversation and `/quit` ends the session. And
+//! Ctrl-C (SIGINT to the `vkdecode` process, as a terminal sends it) stops the answer
+//! being written, not the program.
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{q8, vkdecode};
 use tokenizer::{ChatTemplate, Message, Tokenizer};
@@ -122,4 +126,82 @@ fn chat_reuses_the_cache_between_turns_and_answers_as_the_one_shot_cli() {
     );
     let one = String::from_utf8(one.stdout).unwrap();
     assert_eq!(one.strip_suffix('\n').unwrap(), answer2);
+}
+
+/// Collects everything `r` yields, as it comes.
+fn collect(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let out = Arc::clone(&buf);
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            out.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    buf
+}
+
+/// Waits up to a minute for `cond` on the text collected so far.
+fn wait_for(what: &str, buf: &Mutex<String>, cond: impl Fn(&str) -> bool) {
+    let start = Instant::now();
+    while !cond(&buf.lock().unwrap()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "waited a minute for {what}: {:?}",
+            buf.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ctrl_c_stops_the_answer_not_the_chat() {
+    let model = q8();
+    // supervised, as a user runs it: the signal goes to the vkdecode process, which
+    // passes it on to its worker
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args(["chat", "-m", model.to_str().unwrap(), "--temp", "0"])
+        .args(["-n", "400", "-c", "1024"])
+        .env_remove("VKDECODE_WORKER")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = collect(child.stdout.take().unwrap());
+    let stderr = collect(child.stderr.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"Write a very long essay about the history of Rome.\n")
+        .unwrap();
+    // the answer has begun (400 tokens take far longer than this wait)
+    wait_for("the answer to begin", &stdout, |s| s.len() >= 40);
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_for("[stopped]", &stderr, |s| s.contains("[stopped]"));
+    let stopped_at = stdout.lock().unwrap().len();
+
+    // the chat goes on: the next message is answered, then /quit leaves with status 0
+    stdin.write_all(b"What is 2+2?\n/quit\n").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let out = stdout.lock().unwrap().clone();
+    let err = stderr.lock().unwrap().clone();
+    assert!(status.success(), "{status}\nstderr: {err}\nstdout: {out}");
+    let essay = &out[..stopped_at];
+    let answer = out[stopped_at..].trim();
+    assert!(
+        essay.split_whitespace().count() < 300,
+        "the essay was not cut short: {essay:?}"
+    );
+    assert!(answer.contains('4'), "the next answer: {answer:?}");
+    assert_eq!(err.matches("[stopped]").count(), 1, "stderr: {err}");
 }
