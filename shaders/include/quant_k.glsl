@@ -4,6 +4,11 @@
 // qm; BLOCK_END closes each sub-block): chunk c of a row is sub-chunk c % 4 of the row's
 // super-block c / 4, and the sub-block scales and mins are decoded from the super-block's
 // header for that chunk alone. Rows must be a multiple of 256 elements (the host checks).
+// Each type also defines QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END):
+// chunks c and c + 1 (c even, so both lie in one super-block) from one set of fetches,
+// BODY seeing qi 0..15 for chunk c and 16..31 for chunk c + 1. Two chunks of a super-block
+// share its header and, for Q6_K, Q3_K and Q2_K, every byte of their quants, so the pair
+// costs far fewer texel fetches than two chunks apart (matmul_split.comp uses it).
 // Super-blocks of 144 (Q4_K), 176 (Q5_K) and 84 (Q2_K) bytes are addressed in words; those
 // of 210 (Q6_K) and 110 (Q3_K) bytes are only 2-byte aligned after an odd one, so they are
 // addressed in half-words: whole texels are fetched and the words funnel-shifted by 16
@@ -65,6 +70,30 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         BLOCK_END                                                                         \
     }
 
+// Groups s, s + 1 (s = c % 4: 0 or 2), one header load and 16 words of qs: 7 texel
+// fetches for the two chunks.
+#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 36u;                              \
+        uvec4 khd_ = k_load4w(BUF, kw_);                                                  \
+        uvec4 kq0_, kq1_, kq2_, kq3_;                                                     \
+        k_load16w(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_, kq2_, kq3_);                      \
+        float qd, qm;                                                                     \
+        K4_SCALES_(khd_, 2u * ks_)                                                        \
+        K_8QUADS_(K4_LO_, kq0_, kq1_, kq0_, kq1_, 0u, BODY)                               \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, 2u * ks_ + 1u)                                                   \
+        K_8QUADS_(K4_HI_, kq0_, kq1_, kq0_, kq1_, 8u, BODY)                               \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, 2u * ks_ + 2u)                                                   \
+        K_8QUADS_(K4_LO_, kq2_, kq3_, kq2_, kq3_, 16u, BODY)                              \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, 2u * ks_ + 3u)                                                   \
+        K_8QUADS_(K4_HI_, kq2_, kq3_, kq2_, kq3_, 24u, BODY)                              \
+        BLOCK_END                                                                         \
+    }
+
 #elif defined(WTYPE_Q5_K)
 // As Q4_K (qs at words 12 + 8s ..), the fifth bits in qh (words 4..11): bit 2s of byte l
 // for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk.
@@ -85,6 +114,31 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         BLOCK_END                                                                         \
         K4_SCALES_(khd_, khs_ + 1u)                                                       \
         K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
+        BLOCK_END                                                                         \
+    }
+
+// Header and qh once (4 fetches), 16 words of qs (5): 9 texel fetches for the two chunks.
+#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint khs_ = 2u * ks_;                                                             \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 44u;                              \
+        uvec4 khd_, kh0_, kh1_, kq0_, kq1_, kq2_, kq3_;                                   \
+        k_load12w(BUF, kw_, khd_, kh0_, kh1_);                                            \
+        k_load16w(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_, kq2_, kq3_);                     \
+        float qd, qm;                                                                     \
+        K4_SCALES_(khd_, khs_)                                                            \
+        K_8QUADS_(K5_LO_, kq0_, kq1_, kh0_, kh1_, 0u, BODY)                               \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, khs_ + 1u)                                                       \
+        K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
+        BLOCK_END                                                                         \
+        khs_ += 2u;                                                                       \
+        K4_SCALES_(khd_, khs_)                                                            \
+        K_8QUADS_(K5_LO_, kq2_, kq3_, kh0_, kh1_, 16u, BODY)                              \
+        BLOCK_END                                                                         \
+        K4_SCALES_(khd_, khs_ + 1u)                                                       \
+        K_8QUADS_(K5_HI_, kq2_, kq3_, kh0_, kh1_, 24u, BODY)                              \
         BLOCK_END                                                                         \
     }
 
@@ -127,6 +181,50 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         BLOCK_END                                                                         \
     }
 
+// Chunks 2n and 2n + 1 are the low and high nibbles of the same ql and qh bytes: the
+// 10 texel fetches of one chunk serve both.
+#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 105u;                        \
+        uvec4 kl0_, kl1_, kl2_, kl3_, kh0_, kh1_, ksw_;                                   \
+        uint kdh_;                                                                        \
+        k_load16h(BUF, kh_ + 32u * (ks_ >> 1u), kl0_, kl1_, kl2_, kl3_);                  \
+        k_load8h(BUF, kh_ + 64u + 16u * (ks_ >> 1u), kh0_, kh1_);                         \
+        k_load4h_tail(BUF, kh_ + 96u, 9u, ksw_, kdh_);                                    \
+        float kd_ = unpackHalf2x16(kdh_).x;                                               \
+        uint kns_ = 0u;                                                                   \
+        uint ksc_ = word_of(ksw_, ks_);                                                   \
+        float qd;                                                                         \
+        float qm = 0.0;                                                                   \
+        K6_SCALE_(0u)                                                                     \
+        K_4QUADS_(K6_A_, kl0_, kh0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(1u)                                                                     \
+        K_4QUADS_(K6_A_, kl1_, kh1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(2u)                                                                     \
+        K_4QUADS_(K6_B_, kl2_, kh0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K6_SCALE_(3u)                                                                     \
+        K_4QUADS_(K6_B_, kl3_, kh1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+        kns_ = 4u;                                                                        \
+        ksc_ = word_of(ksw_, ks_ + 1u);                                                   \
+        K6_SCALE_(0u)                                                                     \
+        K_4QUADS_(K6_A_, kl0_, kh0_, 16u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K6_SCALE_(1u)                                                                     \
+        K_4QUADS_(K6_A_, kl1_, kh1_, 20u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K6_SCALE_(2u)                                                                     \
+        K_4QUADS_(K6_B_, kl2_, kh0_, 24u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K6_SCALE_(3u)                                                                     \
+        K_4QUADS_(K6_B_, kl3_, kh1_, 28u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+
 #elif defined(WTYPE_Q3_K)
 // Chunk s lies in half n = s / 2: qs bytes 32 + 32n.. (8 words) shifted by 2j (j = 2(s & 1)
 // for quads 0..7, j + 1 for quads 8..15), the high bit in hmask (words 0..7) bit 2s (quads
@@ -137,6 +235,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 #define K3_Q_(Q, H, QSH, HSH) k_signed_top((((Q >> (QSH)) & 0x03030303u) | (((H >> (HSH)) & 0x01010101u) << 2u)) ^ 0x04040404u, 3u)
 #define K3_A_(Q, H) K3_Q_(Q, H, kqs_, 2u * ks_)
 #define K3_B_(Q, H) K3_Q_(Q, H, kqs_ + 2u, 2u * ks_ + 1u)
+// The four 6-bit scales of chunk S (one per byte) from the scale words W.
+#define K3_SC_(W, S) ((((((S) & 1u) != 0u ? W.y : W.x) >> (4u * ((S) >> 1u))) & 0x0F0F0F0Fu) | (((W.z >> (2u * (S))) & 0x03030303u) << 4u))
 // qd of sub-block I: d * (scale - 32) (2^-29 undoes k_signed_top's placement).
 #define K3_SCALE_(I) qd = kd_ * float(int((ksc_ >> (8u * (I))) & 63u) - 32) * (1.0 / 536870912.0);
 #define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
@@ -150,8 +250,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         k_load8h(BUF, kh_ + 16u + 16u * (ks_ >> 1u), kq0_, kq1_);                         \
         k_load4h_tail(BUF, kh_ + 48u, 7u, ksw_, kdh_);                                    \
         float kd_ = unpackHalf2x16(ksw_.w).x;                                             \
-        uint ksc_ = (((ks_ & 1u) != 0u ? ksw_.y : ksw_.x) >> (4u * (ks_ >> 1u))) & 0x0F0F0F0Fu; \
-        ksc_ |= ((ksw_.z >> (2u * ks_)) & 0x03030303u) << 4u;                             \
+        uint ksc_ = K3_SC_(ksw_, ks_);                                                    \
         float qd;                                                                         \
         float qm = 0.0;                                                                   \
         K3_SCALE_(0u)                                                                     \
@@ -165,6 +264,51 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         BLOCK_END                                                                         \
         K3_SCALE_(3u)                                                                     \
         K_4QUADS_(K3_B_, kq1_, km1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+
+// Chunks 2n and 2n + 1 read the same hmask, qs and scale bytes (other bits): 8 texel
+// fetches for the two chunks.
+#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kqs_ = 0u;                                                                   \
+        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 55u;                         \
+        uvec4 km0_, km1_, kq0_, kq1_, ksw_;                                               \
+        uint kdh_;                                                                        \
+        k_load8h(BUF, kh_, km0_, km1_);                                                   \
+        k_load8h(BUF, kh_ + 16u + 16u * (ks_ >> 1u), kq0_, kq1_);                         \
+        k_load4h_tail(BUF, kh_ + 48u, 7u, ksw_, kdh_);                                    \
+        float kd_ = unpackHalf2x16(ksw_.w).x;                                             \
+        uint ksc_ = K3_SC_(ksw_, ks_);                                                    \
+        float qd;                                                                         \
+        float qm = 0.0;                                                                   \
+        K3_SCALE_(0u)                                                                     \
+        K_4QUADS_(K3_A_, kq0_, km0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(1u)                                                                     \
+        K_4QUADS_(K3_A_, kq1_, km1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(2u)                                                                     \
+        K_4QUADS_(K3_B_, kq0_, km0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K3_SCALE_(3u)                                                                     \
+        K_4QUADS_(K3_B_, kq1_, km1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+        ks_ += 1u;                                                                        \
+        kqs_ = 4u;                                                                        \
+        ksc_ = K3_SC_(ksw_, ks_);                                                         \
+        K3_SCALE_(0u)                                                                     \
+        K_4QUADS_(K3_A_, kq0_, km0_, 16u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K3_SCALE_(1u)                                                                     \
+        K_4QUADS_(K3_A_, kq1_, km1_, 20u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K3_SCALE_(2u)                                                                     \
+        K_4QUADS_(K3_B_, kq0_, km0_, 24u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K3_SCALE_(3u)                                                                     \
+        K_4QUADS_(K3_B_, kq1_, km1_, 28u, BODY)                                           \
         BLOCK_END                                                                         \
     }
 
@@ -203,6 +347,46 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         BLOCK_END                                                                         \
         K2_SCALE_(3u)                                                                     \
         K_4QUADS_(K2_B_, kq1_, kq1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+    }
+
+// Chunks 2n and 2n + 1 read the same qs bytes (other bits): 6 texel fetches for the two.
+#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
+    {                                                                                     \
+        uint ks_ = (c) & 3u;                                                              \
+        uint kqs_ = 0u;                                                                   \
+        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 21u;                              \
+        uvec4 kq0_, kq1_;                                                                 \
+        k_load8w(BUF, kw_ + 4u + 8u * (ks_ >> 1u), kq0_, kq1_);                           \
+        uint ksc_ = k_word(BUF, kw_ + ks_);                                               \
+        uint ksc1_ = k_word(BUF, kw_ + ks_ + 1u);                                         \
+        vec2 kdm_ = unpackHalf2x16(k_word(BUF, kw_ + 20u));                               \
+        float qd, qm;                                                                     \
+        K2_SCALE_(0u)                                                                     \
+        K_4QUADS_(K2_A_, kq0_, kq0_, 0u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(1u)                                                                     \
+        K_4QUADS_(K2_A_, kq1_, kq1_, 4u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(2u)                                                                     \
+        K_4QUADS_(K2_B_, kq0_, kq0_, 8u, BODY)                                            \
+        BLOCK_END                                                                         \
+        K2_SCALE_(3u)                                                                     \
+        K_4QUADS_(K2_B_, kq1_, kq1_, 12u, BODY)                                           \
+        BLOCK_END                                                                         \
+        kqs_ = 4u;                                                                        \
+        ksc_ = ksc1_;                                                                     \
+        K2_SCALE_(0u)                                                                     \
+        K_4QUADS_(K2_A_, kq0_, kq0_, 16u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K2_SCALE_(1u)                                                                     \
+        K_4QUADS_(K2_A_, kq1_, kq1_, 20u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K2_SCALE_(2u)                                                                     \
+        K_4QUADS_(K2_B_, kq0_, kq0_, 24u, BODY)                                           \
+        BLOCK_END                                                                         \
+        K2_SCALE_(3u)                                                                     \
+        K_4QUADS_(K2_B_, kq1_, kq1_, 28u, BODY)                                           \
         BLOCK_END                                                                         \
     }
 #endif

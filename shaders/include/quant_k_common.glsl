@@ -35,6 +35,16 @@ void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
             r0, r1);
 }
 
+// The 16 words at word w: 5 fetches.
+void k_load16w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2,
+               out uvec4 r3) {
+    int t = int(w >> 2u);
+    int last = int((w + 15u) >> 2u);
+    uvec4 t2 = texelFetch(b, t + 2);
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, w & 3u, r0, r1);
+    window8(t2, texelFetch(b, t + 3), texelFetch(b, min(t + 4, last)), w & 3u, r2, r3);
+}
+
 // The 12 words at word w: 4 fetches.
 void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
     int t = int(w >> 2u);

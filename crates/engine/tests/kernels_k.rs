@@ -6,7 +6,8 @@
 //!
 //! Shapes: rows of 256 (one super-block: row per lane only), 768 and 1280 columns (an odd
 //! number of super-blocks, so every other row of Q6_K and Q3_K starts 2 bytes past a word;
-//! the column split with chunks left over) and 202 rows (a partial workgroup tile). Word
+//! the column split with chunks left over), 1536 and 2048 (three and four whole rounds of
+//! the split: a lane's chunks taken in pairs and, at three, one alone) and 202 rows (a partial workgroup tile). Word
 //! offsets 5 and 16 put the super-blocks of the word-aligned types off and on texel
 //! boundaries.
 //!
@@ -68,7 +69,7 @@ fn k_quant_matmul_matches_reference() {
     let gbuf = upload(&ctx, "g", &g);
     let mut splits_seen = std::collections::BTreeSet::new();
     for ty in K_TYPES {
-        for (cols, pad) in [(256, 20), (768, 64), (1280, 20)] {
+        for (cols, pad) in [(256, 20), (768, 64), (1280, 20), (1536, 4), (2048, 20)] {
             let (bytes, w) = weights(&mut rng, ty, rows, cols, pad);
             let (_wbuf, wv) = weight_view(&ctx, "w", &bytes, ty);
             let x = rng.vec(n_tok * cols, 1.0);
@@ -126,10 +127,11 @@ fn k_quant_matmul_matches_reference() {
         }
     }
     // where the device's shapes split columns (8-lane subgroups: not at lavapipe's 4 or
-    // 16), 768 and 1280 columns are one and two rounds of 8 lanes' chunks, 4 left over
+    // 16), 768 and 1280 columns are one and two rounds of 8 lanes' chunks, 4 left over;
+    // 1536 and 2048 three and four rounds, none left
     if ks.shapes().split_lanes.is_some() {
         assert!(
-            splits_seen.is_superset(&[0, 1, 2].into()),
+            splits_seen.is_superset(&[0, 1, 2, 3, 4].into()),
             "{splits_seen:?}"
         );
     }
