@@ -45,6 +45,16 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         qd = kdm_.x * float(ksm_.x);                                                      \
         qm = -(kdm_.y * float(ksm_.y));                                                   \
     }
+
+// Sub-blocks J, J + 1 of one 32-byte group: quads QI0.. from F_LO of (Q0, Q1; H0, H1),
+// QI0 + 8.. from F_HI.
+#define K45_GROUP_(F_LO, F_HI, Q0, Q1, H0, H1, J, QI0, BODY, BLOCK_END)                   \
+    K4_SCALES_(khd_, (J))                                                                 \
+    K_8QUADS_(F_LO, Q0, Q1, H0, H1, (QI0), BODY)                                          \
+    BLOCK_END                                                                             \
+    K4_SCALES_(khd_, (J) + 1u)                                                            \
+    K_8QUADS_(F_HI, Q0, Q1, H0, H1, (QI0) + 8u, BODY)                                     \
+    BLOCK_END
 #endif
 
 #if defined(WTYPE_Q4_K)
@@ -62,12 +72,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         uvec4 kq0_, kq1_;                                                                 \
         k_load8w(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_);                                   \
         float qd, qm;                                                                     \
-        K4_SCALES_(khd_, 2u * ks_)                                                        \
-        K_8QUADS_(K4_LO_, kq0_, kq1_, kq0_, kq1_, 0u, BODY)                               \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, 2u * ks_ + 1u)                                                   \
-        K_8QUADS_(K4_HI_, kq0_, kq1_, kq0_, kq1_, 8u, BODY)                               \
-        BLOCK_END                                                                         \
+        K45_GROUP_(K4_LO_, K4_HI_, kq0_, kq1_, kq0_, kq1_, 2u * ks_, 0u, BODY, BLOCK_END) \
     }
 
 // Groups s, s + 1 (s = c % 4: 0 or 2), one header load and 16 words of qs: 7 texel
@@ -80,18 +85,9 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         uvec4 kq0_, kq1_, kq2_, kq3_;                                                     \
         k_load16w(BUF, kw_ + 4u + 8u * ks_, kq0_, kq1_, kq2_, kq3_);                      \
         float qd, qm;                                                                     \
-        K4_SCALES_(khd_, 2u * ks_)                                                        \
-        K_8QUADS_(K4_LO_, kq0_, kq1_, kq0_, kq1_, 0u, BODY)                               \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, 2u * ks_ + 1u)                                                   \
-        K_8QUADS_(K4_HI_, kq0_, kq1_, kq0_, kq1_, 8u, BODY)                               \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, 2u * ks_ + 2u)                                                   \
-        K_8QUADS_(K4_LO_, kq2_, kq3_, kq2_, kq3_, 16u, BODY)                              \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, 2u * ks_ + 3u)                                                   \
-        K_8QUADS_(K4_HI_, kq2_, kq3_, kq2_, kq3_, 24u, BODY)                              \
-        BLOCK_END                                                                         \
+        K45_GROUP_(K4_LO_, K4_HI_, kq0_, kq1_, kq0_, kq1_, 2u * ks_, 0u, BODY, BLOCK_END) \
+        K45_GROUP_(K4_LO_, K4_HI_, kq2_, kq3_, kq2_, kq3_, 2u * ks_ + 2u, 16u, BODY,      \
+                   BLOCK_END)                                                             \
     }
 
 #elif defined(WTYPE_Q5_K)
@@ -109,12 +105,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         k_load12w(BUF, kw_, khd_, kh0_, kh1_);                                            \
         k_load8w(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_);                                  \
         float qd, qm;                                                                     \
-        K4_SCALES_(khd_, khs_)                                                            \
-        K_8QUADS_(K5_LO_, kq0_, kq1_, kh0_, kh1_, 0u, BODY)                               \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, khs_ + 1u)                                                       \
-        K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
-        BLOCK_END                                                                         \
+        K45_GROUP_(K5_LO_, K5_HI_, kq0_, kq1_, kh0_, kh1_, khs_, 0u, BODY, BLOCK_END)     \
     }
 
 // Header and qh once (4 fetches), 16 words of qs (5): 9 texel fetches for the two chunks.
@@ -127,19 +118,9 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         k_load12w(BUF, kw_, khd_, kh0_, kh1_);                                            \
         k_load16w(BUF, kw_ + 12u + 8u * ks_, kq0_, kq1_, kq2_, kq3_);                     \
         float qd, qm;                                                                     \
-        K4_SCALES_(khd_, khs_)                                                            \
-        K_8QUADS_(K5_LO_, kq0_, kq1_, kh0_, kh1_, 0u, BODY)                               \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, khs_ + 1u)                                                       \
-        K_8QUADS_(K5_HI_, kq0_, kq1_, kh0_, kh1_, 8u, BODY)                               \
-        BLOCK_END                                                                         \
+        K45_GROUP_(K5_LO_, K5_HI_, kq0_, kq1_, kh0_, kh1_, khs_, 0u, BODY, BLOCK_END)     \
         khs_ += 2u;                                                                       \
-        K4_SCALES_(khd_, khs_)                                                            \
-        K_8QUADS_(K5_LO_, kq2_, kq3_, kh0_, kh1_, 16u, BODY)                              \
-        BLOCK_END                                                                         \
-        K4_SCALES_(khd_, khs_ + 1u)                                                       \
-        K_8QUADS_(K5_HI_, kq2_, kq3_, kh0_, kh1_, 24u, BODY)                              \
-        BLOCK_END                                                                         \
+        K45_GROUP_(K5_LO_, K5_HI_, kq2_, kq3_, kh0_, kh1_, khs_, 16u, BODY, BLOCK_END)    \
     }
 
 #elif defined(WTYPE_Q6_K)
@@ -153,8 +134,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 #define K6_B_(L, H) K6_Q_(L, H, kns_ + 2u)
 // qd of sub-block I: d * scale (2^-26 undoes k_signed_top's placement).
 #define K6_SCALE_(I) qd = kd_ * float(int(ksc_ << (24u - 8u * (I))) >> 24) * (1.0 / 67108864.0);
-#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
-    {                                                                                     \
+// The loads of chunk c's half (both of its chunks), its scale word and d.
+#define K_LOAD_(BUF, wofs, row, nchunks, c)                                               \
         uint ks_ = (c) & 3u;                                                              \
         uint kns_ = 4u * (ks_ & 1u);                                                      \
         uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 105u;                        \
@@ -166,64 +147,17 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         float kd_ = unpackHalf2x16(kdh_).x;                                               \
         uint ksc_ = word_of(ksw_, ks_);                                                   \
         float qd;                                                                         \
-        float qm = 0.0;                                                                   \
-        K6_SCALE_(0u)                                                                     \
-        K_4QUADS_(K6_A_, kl0_, kh0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(1u)                                                                     \
-        K_4QUADS_(K6_A_, kl1_, kh1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(2u)                                                                     \
-        K_4QUADS_(K6_B_, kl2_, kh0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(3u)                                                                     \
-        K_4QUADS_(K6_B_, kl3_, kh1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
-    }
-
+        float qm = 0.0;
+// The four sub-blocks of the chunk that kns_ and ksc_ select, as quads QI0 + 0..15.
+#define K_BLOCKS_(QI0, BODY, BLOCK_END)                                                   \
+    K_4BLOCKS_(K6_SCALE_, K6_A_, K6_B_, kl0_, kh0_, kl1_, kh1_, kl2_, kh0_, kl3_, kh1_,   \
+               (QI0), BODY, BLOCK_END)
 // Chunks 2n and 2n + 1 are the low and high nibbles of the same ql and qh bytes: the
 // 10 texel fetches of one chunk serve both.
-#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
-    {                                                                                     \
-        uint ks_ = (c) & 3u;                                                              \
-        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 105u;                        \
-        uvec4 kl0_, kl1_, kl2_, kl3_, kh0_, kh1_, ksw_;                                   \
-        uint kdh_;                                                                        \
-        k_load16h(BUF, kh_ + 32u * (ks_ >> 1u), kl0_, kl1_, kl2_, kl3_);                  \
-        k_load8h(BUF, kh_ + 64u + 16u * (ks_ >> 1u), kh0_, kh1_);                         \
-        k_load4h_tail(BUF, kh_ + 96u, 9u, ksw_, kdh_);                                    \
-        float kd_ = unpackHalf2x16(kdh_).x;                                               \
-        uint kns_ = 0u;                                                                   \
-        uint ksc_ = word_of(ksw_, ks_);                                                   \
-        float qd;                                                                         \
-        float qm = 0.0;                                                                   \
-        K6_SCALE_(0u)                                                                     \
-        K_4QUADS_(K6_A_, kl0_, kh0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(1u)                                                                     \
-        K_4QUADS_(K6_A_, kl1_, kh1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(2u)                                                                     \
-        K_4QUADS_(K6_B_, kl2_, kh0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K6_SCALE_(3u)                                                                     \
-        K_4QUADS_(K6_B_, kl3_, kh1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
+// Then chunk c + 1: the high nibbles, scale word s + 1.
+#define K_NEXT_(BUF)                                                                      \
         kns_ = 4u;                                                                        \
-        ksc_ = word_of(ksw_, ks_ + 1u);                                                   \
-        K6_SCALE_(0u)                                                                     \
-        K_4QUADS_(K6_A_, kl0_, kh0_, 16u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K6_SCALE_(1u)                                                                     \
-        K_4QUADS_(K6_A_, kl1_, kh1_, 20u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K6_SCALE_(2u)                                                                     \
-        K_4QUADS_(K6_B_, kl2_, kh0_, 24u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K6_SCALE_(3u)                                                                     \
-        K_4QUADS_(K6_B_, kl3_, kh1_, 28u, BODY)                                           \
-        BLOCK_END                                                                         \
-    }
+        ksc_ = word_of(ksw_, ks_ + 1u);
 
 #elif defined(WTYPE_Q3_K)
 // Chunk s lies in half n = s / 2: qs bytes 32 + 32n.. (8 words) shifted by 2j (j = 2(s & 1)
@@ -239,8 +173,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 #define K3_SC_(W, S) ((((((S) & 1u) != 0u ? W.y : W.x) >> (4u * ((S) >> 1u))) & 0x0F0F0F0Fu) | (((W.z >> (2u * (S))) & 0x03030303u) << 4u))
 // qd of sub-block I: d * (scale - 32) (2^-29 undoes k_signed_top's placement).
 #define K3_SCALE_(I) qd = kd_ * float(int((ksc_ >> (8u * (I))) & 63u) - 32) * (1.0 / 536870912.0);
-#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
-    {                                                                                     \
+// The loads of chunk c's half (both of its chunks) and its scales.
+#define K_LOAD_(BUF, wofs, row, nchunks, c)                                               \
         uint ks_ = (c) & 3u;                                                              \
         uint kqs_ = 4u * (ks_ & 1u);                                                      \
         uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 55u;                         \
@@ -252,65 +186,18 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         float kd_ = unpackHalf2x16(ksw_.w).x;                                             \
         uint ksc_ = K3_SC_(ksw_, ks_);                                                    \
         float qd;                                                                         \
-        float qm = 0.0;                                                                   \
-        K3_SCALE_(0u)                                                                     \
-        K_4QUADS_(K3_A_, kq0_, km0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(1u)                                                                     \
-        K_4QUADS_(K3_A_, kq1_, km1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(2u)                                                                     \
-        K_4QUADS_(K3_B_, kq0_, km0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(3u)                                                                     \
-        K_4QUADS_(K3_B_, kq1_, km1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
-    }
-
+        float qm = 0.0;
+// The four sub-blocks of the chunk that ks_, kqs_ and ksc_ select, as quads QI0 + 0..15.
+#define K_BLOCKS_(QI0, BODY, BLOCK_END)                                                   \
+    K_4BLOCKS_(K3_SCALE_, K3_A_, K3_B_, kq0_, km0_, kq1_, km1_, kq0_, km0_, kq1_, km1_,   \
+               (QI0), BODY, BLOCK_END)
 // Chunks 2n and 2n + 1 read the same hmask, qs and scale bytes (other bits): 8 texel
 // fetches for the two chunks.
-#define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
-    {                                                                                     \
-        uint ks_ = (c) & 3u;                                                              \
-        uint kqs_ = 0u;                                                                   \
-        uint kh_ = 2u * (wofs) + K_SUPER_(row, nchunks, c) * 55u;                         \
-        uvec4 km0_, km1_, kq0_, kq1_, ksw_;                                               \
-        uint kdh_;                                                                        \
-        k_load8h(BUF, kh_, km0_, km1_);                                                   \
-        k_load8h(BUF, kh_ + 16u + 16u * (ks_ >> 1u), kq0_, kq1_);                         \
-        k_load4h_tail(BUF, kh_ + 48u, 7u, ksw_, kdh_);                                    \
-        float kd_ = unpackHalf2x16(ksw_.w).x;                                             \
-        uint ksc_ = K3_SC_(ksw_, ks_);                                                    \
-        float qd;                                                                         \
-        float qm = 0.0;                                                                   \
-        K3_SCALE_(0u)                                                                     \
-        K_4QUADS_(K3_A_, kq0_, km0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(1u)                                                                     \
-        K_4QUADS_(K3_A_, kq1_, km1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(2u)                                                                     \
-        K_4QUADS_(K3_B_, kq0_, km0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K3_SCALE_(3u)                                                                     \
-        K_4QUADS_(K3_B_, kq1_, km1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
+// Then chunk c + 1: the next bit pairs of qs and bit of hmask, and its scales.
+#define K_NEXT_(BUF)                                                                      \
         ks_ += 1u;                                                                        \
         kqs_ = 4u;                                                                        \
-        ksc_ = K3_SC_(ksw_, ks_);                                                         \
-        K3_SCALE_(0u)                                                                     \
-        K_4QUADS_(K3_A_, kq0_, km0_, 16u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K3_SCALE_(1u)                                                                     \
-        K_4QUADS_(K3_A_, kq1_, km1_, 20u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K3_SCALE_(2u)                                                                     \
-        K_4QUADS_(K3_B_, kq0_, km0_, 24u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K3_SCALE_(3u)                                                                     \
-        K_4QUADS_(K3_B_, kq1_, km1_, 28u, BODY)                                           \
-        BLOCK_END                                                                         \
-    }
+        ksc_ = K3_SC_(ksw_, ks_);
 
 #elif defined(WTYPE_Q2_K)
 // Chunk s lies in half n = s / 2: qs bytes 16 + 32n.. (words 4 + 8n, 8 words) shifted by
@@ -326,8 +213,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         qd = kdm_.x * float(kb_ & 15u);                                                   \
         qm = -(kdm_.y * float((kb_ >> 4u) & 15u));                                        \
     }
-#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
-    {                                                                                     \
+// The loads of chunk c's half (both of its chunks), its scale word and d, dmin.
+#define K_LOAD_(BUF, wofs, row, nchunks, c)                                               \
         uint ks_ = (c) & 3u;                                                              \
         uint kqs_ = 4u * (ks_ & 1u);                                                      \
         uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 21u;                              \
@@ -335,58 +222,31 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         k_load8w(BUF, kw_ + 4u + 8u * (ks_ >> 1u), kq0_, kq1_);                           \
         uint ksc_ = k_word(BUF, kw_ + ks_);                                               \
         vec2 kdm_ = unpackHalf2x16(k_word(BUF, kw_ + 20u));                               \
-        float qd, qm;                                                                     \
-        K2_SCALE_(0u)                                                                     \
-        K_4QUADS_(K2_A_, kq0_, kq0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(1u)                                                                     \
-        K_4QUADS_(K2_A_, kq1_, kq1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(2u)                                                                     \
-        K_4QUADS_(K2_B_, kq0_, kq0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(3u)                                                                     \
-        K_4QUADS_(K2_B_, kq1_, kq1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
-    }
-
+        float qd, qm;
+// The four sub-blocks of the chunk that kqs_ and ksc_ select, as quads QI0 + 0..15.
+#define K_BLOCKS_(QI0, BODY, BLOCK_END)                                                   \
+    K_4BLOCKS_(K2_SCALE_, K2_A_, K2_B_, kq0_, kq0_, kq1_, kq1_, kq0_, kq0_, kq1_, kq1_,   \
+               (QI0), BODY, BLOCK_END)
 // Chunks 2n and 2n + 1 read the same qs bytes (other bits): 6 texel fetches for the two.
+// Then chunk c + 1: the next bit pairs of qs, and its scale word.
+#define K_NEXT_(BUF)                                                                      \
+        kqs_ = 4u;                                                                        \
+        ksc_ = k_word(BUF, kw_ + ks_ + 1u);
+#endif
+
+#if defined(WTYPE_Q6_K) || defined(WTYPE_Q3_K) || defined(WTYPE_Q2_K)
+// The two chunks of a half of these types are other bits of the same bytes: K_LOAD_ reads
+// the half, K_BLOCKS_ decodes the chunk its state selects, K_NEXT_ moves that state on.
+#define QUANT_ROW_CHUNK(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                      \
+    {                                                                                     \
+        K_LOAD_(BUF, wofs, row, nchunks, c)                                               \
+        K_BLOCKS_(0u, BODY, BLOCK_END)                                                    \
+    }
 #define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
     {                                                                                     \
-        uint ks_ = (c) & 3u;                                                              \
-        uint kqs_ = 0u;                                                                   \
-        uint kw_ = (wofs) + K_SUPER_(row, nchunks, c) * 21u;                              \
-        uvec4 kq0_, kq1_;                                                                 \
-        k_load8w(BUF, kw_ + 4u + 8u * (ks_ >> 1u), kq0_, kq1_);                           \
-        uint ksc_ = k_word(BUF, kw_ + ks_);                                               \
-        uint ksc1_ = k_word(BUF, kw_ + ks_ + 1u);                                         \
-        vec2 kdm_ = unpackHalf2x16(k_word(BUF, kw_ + 20u));                               \
-        float qd, qm;                                                                     \
-        K2_SCALE_(0u)                                                                     \
-        K_4QUADS_(K2_A_, kq0_, kq0_, 0u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(1u)                                                                     \
-        K_4QUADS_(K2_A_, kq1_, kq1_, 4u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(2u)                                                                     \
-        K_4QUADS_(K2_B_, kq0_, kq0_, 8u, BODY)                                            \
-        BLOCK_END                                                                         \
-        K2_SCALE_(3u)                                                                     \
-        K_4QUADS_(K2_B_, kq1_, kq1_, 12u, BODY)                                           \
-        BLOCK_END                                                                         \
-        kqs_ = 4u;                                                                        \
-        ksc_ = ksc1_;                                                                     \
-        K2_SCALE_(0u)                                                                     \
-        K_4QUADS_(K2_A_, kq0_, kq0_, 16u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K2_SCALE_(1u)                                                                     \
-        K_4QUADS_(K2_A_, kq1_, kq1_, 20u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K2_SCALE_(2u)                                                                     \
-        K_4QUADS_(K2_B_, kq0_, kq0_, 24u, BODY)                                           \
-        BLOCK_END                                                                         \
-        K2_SCALE_(3u)                                                                     \
-        K_4QUADS_(K2_B_, kq1_, kq1_, 28u, BODY)                                           \
-        BLOCK_END                                                                         \
+        K_LOAD_(BUF, wofs, row, nchunks, c)                                               \
+        K_BLOCKS_(0u, BODY, BLOCK_END)                                                    \
+        K_NEXT_(BUF)                                                                      \
+        K_BLOCKS_(16u, BODY, BLOCK_END)                                                   \
     }
 #endif

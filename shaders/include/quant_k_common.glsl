@@ -141,5 +141,21 @@ vec4 k_signed_top(uint q, uint bits) {
     K_QUAD_(F(A.z, B.z), (QI0) + 2u, BODY)                                                \
     K_QUAD_(F(A.w, B.w), (QI0) + 3u, BODY)
 
+// Four sub-blocks of four quads each, QI0 + 0..15: SCALE(i) sets sub-block i's qd (and qm),
+// quads from FA of (L0, H0), (L1, H1), then FB of (L2, H2), (L3, H3).
+#define K_4BLOCKS_(SCALE, FA, FB, L0, H0, L1, H1, L2, H2, L3, H3, QI0, BODY, BLOCK_END)   \
+    SCALE(0u)                                                                             \
+    K_4QUADS_(FA, L0, H0, (QI0), BODY)                                                    \
+    BLOCK_END                                                                             \
+    SCALE(1u)                                                                             \
+    K_4QUADS_(FA, L1, H1, (QI0) + 4u, BODY)                                               \
+    BLOCK_END                                                                             \
+    SCALE(2u)                                                                             \
+    K_4QUADS_(FB, L2, H2, (QI0) + 8u, BODY)                                               \
+    BLOCK_END                                                                             \
+    SCALE(3u)                                                                             \
+    K_4QUADS_(FB, L3, H3, (QI0) + 12u, BODY)                                              \
+    BLOCK_END
+
 // Super-block index of chunk c of row `row`, rows of nchunks chunks.
 #define K_SUPER_(row, nchunks, c) ((row) * ((nchunks) >> 2u) + ((c) >> 2u))
