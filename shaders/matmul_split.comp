@@ -47,22 +47,11 @@
                 s_.x = dot4(wq, x_, s_.x);                                                \
                 if (QUANT_HAS_MIN) { sx_.x += qi < 16u ? SA[qi & 15u] : SB[qi & 15u]; }   \
             }                                                                             \
-        ,                                                                                 \
-            ACC = fma(vec4(qd), s_, ACC);                                                 \
-            if (QUANT_HAS_MIN) { ACC = fma(vec4(qm), sx_, ACC); }                         \
-            s_ = vec4(0.0);                                                               \
-            sx_ = vec4(0.0);                                                              \
-        )                                                                                 \
+        , BLOCK_INTO(ACC))                                                                \
     }
-#if OUT_MODE == OUT_GLU
 #define PAIR_2CHUNKS(P, C, XA, XB, SA, SB, ACC_A, ACC_B)                                  \
     ROW_2CHUNKS(w0, P.wofs_a, P.row_a, C, XA, XB, SA, SB, ACC_A)                          \
-    ROW_2CHUNKS(w1, P.wofs_b, P.row_b, C, XA, XB, SA, SB, ACC_B)
-#else
-#define PAIR_2CHUNKS(P, C, XA, XB, SA, SB, ACC_A, ACC_B)                                  \
-    ROW_2CHUNKS(w0, P.wofs_a, P.row_a, C, XA, XB, SA, SB, ACC_A)                          \
-    ROW_2CHUNKS(w0, P.wofs_b, P.row_b, C, XA, XB, SA, SB, ACC_B)
-#endif
+    ROW_2CHUNKS(PAIR_W_B, P.wofs_b, P.row_b, C, XA, XB, SA, SB, ACC_B)
 #endif
 
 // 1 / sqrt(mean(x^2) + eps) of token row `row` of XR, the sum shared by the lanes.

@@ -95,6 +95,14 @@ vec4 xq(uint t, uint q) {
         if (QUANT_HAS_MIN) { sx_.C += (x_.x + x_.y) + (x_.z + x_.w); }                    \
     }
 
+// BLOCK_END of a row's chunk: the block's sums s_ (and sx_) into ACC with its scale qd (and
+// min qm), and reset.
+#define BLOCK_INTO(ACC)                                                                   \
+    ACC = fma(vec4(qd), s_, ACC);                                                         \
+    if (QUANT_HAS_MIN) { ACC = fma(vec4(qm), sx_, ACC); }                                 \
+    s_ = vec4(0.0);                                                                       \
+    sx_ = vec4(0.0);
+
 // ACC (one component per token) += chunk C of row ROW of the view at word WOFS of binding
 // B · X (input quads X0..X3, one array per token), the block scale applied per block.
 #define ROW_CHUNK(B, WOFS, ROW, C, X0, X1, X2, X3, ACC)                                   \
@@ -106,24 +114,19 @@ vec4 xq(uint t, uint q) {
             if (TB > 1u) QUAD_TOKEN(X1, y)                                                \
             if (TB > 2u) QUAD_TOKEN(X2, z)                                                \
             if (TB > 3u) QUAD_TOKEN(X3, w)                                                \
-        ,                                                                                 \
-            ACC = fma(vec4(qd), s_, ACC);                                                 \
-            if (QUANT_HAS_MIN) { ACC = fma(vec4(qm), sx_, ACC); }                         \
-            s_ = vec4(0.0);                                                               \
-            sx_ = vec4(0.0);                                                              \
-        )                                                                                 \
+        , BLOCK_INTO(ACC))                                                                \
     }
 
-// Chunk C of pair P (both rows) into its accumulators, through the view's binding(s).
+// The binding of a pair's row b: up's (OUT_GLU), else the view's own.
 #if OUT_MODE == OUT_GLU
-#define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
-    ROW_CHUNK(w0, P.wofs_a, P.row_a, C, X0, X1, X2, X3, ACC_A)                            \
-    ROW_CHUNK(w1, P.wofs_b, P.row_b, C, X0, X1, X2, X3, ACC_B)
+#define PAIR_W_B w1
 #else
+#define PAIR_W_B w0
+#endif
+// Chunk C of pair P (both rows) into its accumulators, through the view's binding(s).
 #define PAIR_CHUNK(P, C, X0, X1, X2, X3, ACC_A, ACC_B)                                    \
     ROW_CHUNK(w0, P.wofs_a, P.row_a, C, X0, X1, X2, X3, ACC_A)                            \
-    ROW_CHUNK(w0, P.wofs_b, P.row_b, C, X0, X1, X2, X3, ACC_B)
-#endif
+    ROW_CHUNK(PAIR_W_B, P.wofs_b, P.row_b, C, X0, X1, X2, X3, ACC_B)
 
 // The two rows of pair p of a view: rows in the view, whether each exists, and what is
 // read for each (QUANT_ROW_CHUNK's view word offset and row: a missing row reads row 0

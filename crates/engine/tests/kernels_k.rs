@@ -4,12 +4,12 @@
 //! split), prefill (four tokens per invocation), the fused epilogues' addressing (gate/up
 //! in two bindings, row-range parts) and the embedding gather.
 //!
-//! Shapes: rows of 256 (one super-block: row per lane only), 768 and 1280 columns (an odd
-//! number of super-blocks, so every other row of Q6_K and Q3_K starts 2 bytes past a word;
-//! the column split with chunks left over), 1536 and 2048 (three and four whole rounds of
-//! the split: a lane's chunks taken in pairs and, at three, one alone) and 202 rows (a partial workgroup tile). Word
-//! offsets 5 and 16 put the super-blocks of the word-aligned types off and on texel
-//! boundaries.
+//! Shapes: rows of 256 (one super-block: row per lane only), 768 and 1280 columns (an
+//! odd number of super-blocks, so every other row of Q6_K and Q3_K starts 2 bytes past
+//! a word; the column split with chunks left over), 1536 and 2048 (three and four whole
+//! rounds of the split: a lane's chunks taken in pairs and, at three, one alone) and
+//! 202 rows (a partial workgroup tile). Word offsets 1, 5 and 16 put the super-blocks
+//! of the word-aligned types off and on texel boundaries.
 //!
 //! Tolerances (u = 2^-24): a dot product of n terms summed in f32 in either order is
 //! within about n·u·Σ|w·x| of the exact one (Higham's γ_n), so GPU and reference may differ
