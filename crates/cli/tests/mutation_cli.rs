@@ -124,7 +124,15 @@ struct Ran {
     hung: bool,
 }
 
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
+/// The peak RSS of `pid` once it runs `exe`. Until then it may still be the test's own
+/// image: the spawn returns when the child's `execve` releases the parent (the vfork
+/// hand-off), a moment before the kernel switches the child to its new memory map, and in
+/// that window /proc shows this process's peak (~440 MiB with the mutated copies it holds).
+/// The executable link changes with the map, so checking it first rules that window out.
+fn vm_hwm_kb(pid: u32, exe: &Path) -> Option<u64> {
+    if std::fs::read_link(format!("/proc/{pid}/exe")).ok()? != exe {
+        return None;
+    }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
@@ -135,7 +143,8 @@ fn run(args: &[String], dir: &Path) -> Ran {
     let out = std::fs::File::create(dir.join("stdout")).unwrap();
     let err_path = dir.join("stderr");
     let err = std::fs::File::create(&err_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_vkdecode")).unwrap();
+    let mut child = Command::new(&exe)
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)
@@ -148,7 +157,7 @@ fn run(args: &[String], dir: &Path) -> Ran {
         if let Some(st) = child.try_wait().unwrap() {
             break (Some(st), false);
         }
-        if let Some(kb) = vm_hwm_kb(child.id()) {
+        if let Some(kb) = vm_hwm_kb(child.id(), &exe) {
             peak = peak.max(kb);
         }
         if start.elapsed() > TIMEOUT {
