@@ -127,6 +127,49 @@ fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, name: &str, data: &[T]) -> Buffe
     b
 }
 
+/// Bytes the `cold` variants stream per submission: twice this machine's 32 MiB L3, so
+/// a matrix is gone from every cache level by the time its turn comes round again.
+const COLD_BYTES: usize = 64 << 20;
+
+/// One matrix laid `copies` times end to end in one buffer (each copy at a 256-byte
+/// boundary), for the `cold` variants: a submission dispatches the matvec once per copy,
+/// a barrier between, so every dispatch reads weights no cache holds, as each matrix of a
+/// decode token is read once per token from memory. The `x16` variants reread one copy,
+/// which the caches keep from the second dispatch on for all but the largest shape: they
+/// measure a cache-resident kernel, where a type that decodes more arithmetic per byte
+/// (the K-quants) loses to one that reads more bytes (Q8_0) for a reason the model never
+/// meets.
+struct Cold {
+    view: BufferView,
+    _buf: Buffer,
+    stride: usize,
+    copies: usize,
+}
+
+impl Cold {
+    fn new(ctx: &Arc<Context>, w: &[u8], format: TexelFormat) -> Cold {
+        let stride = w.len().next_multiple_of(256);
+        let copies = COLD_BYTES.div_ceil(stride).max(REPEAT);
+        let mut all = vec![0u8; stride * copies];
+        for c in all.chunks_exact_mut(stride) {
+            c[..w.len()].copy_from_slice(w);
+        }
+        let buf = upload(ctx, "w cold", &all);
+        let view = BufferView::new(ctx, buf.binding(), format).expect("view");
+        Cold {
+            view,
+            _buf: buf,
+            stride,
+            copies,
+        }
+    }
+
+    /// The word offset of copy `i`.
+    fn wofs(&self, i: usize) -> u32 {
+        u32::try_from(i * self.stride / 4).expect("offset")
+    }
+}
+
 fn context() -> Option<Arc<Context>> {
     match Context::new(&ContextOptions {
         device_index: None,
@@ -262,6 +305,65 @@ fn matvec(c: &mut Criterion) {
             group.bench_function(id, |b| {
                 b.iter(|| ctx.submit_and_wait(&rep).expect("submit"));
             });
+
+            if K_SHAPES.contains(&(cols, rows, what)) {
+                let cold = Cold::new(&ctx, &w, format);
+                let set = p
+                    .descriptor_set_with(
+                        &MatmulBindings {
+                            w0: &cold.view,
+                            w1: &dummy_w,
+                            x: &xv,
+                            aux: dummy.binding(),
+                            out0: out.binding(),
+                            out1: dummy.binding(),
+                            out2: dummy.binding(),
+                            step: step.binding(),
+                            xr: &xv,
+                        }
+                        .descriptors(),
+                    )
+                    .expect("descriptor set");
+                let dispatch_copy = |cmd: &mut CommandBuffer, i: usize| {
+                    let mut push = push;
+                    let slots = [Slot {
+                        wofs: cold.wofs(i),
+                        ..slots[0]
+                    }];
+                    let groups = kernels::matmul_layout(&key, &mut push, &slots);
+                    cmd.dispatch(p, &set, bytemuck::bytes_of(&push), groups);
+                };
+                // the last copy alone, on a zeroed output: the offsets must be right
+                out.write(0, &vec![0f32; rows]).expect("zero");
+                let mut last = CommandBuffer::new(&ctx).expect("command buffer");
+                last.begin().expect("begin");
+                dispatch_copy(&mut last, cold.copies - 1);
+                last.host_barrier();
+                last.end().expect("end");
+                ctx.submit_and_wait(&last).expect("submit");
+                out.read(0, &mut got).expect("read back");
+                for (r, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - e).abs() <= 1e-4 * scale + 1e-5,
+                        "{ty:?} {cols}->{rows} cold copy: row {r}: gpu {g} vs reference {e}"
+                    );
+                }
+                let mut all = CommandBuffer::new(&ctx).expect("command buffer");
+                all.begin().expect("begin");
+                for i in 0..cold.copies {
+                    dispatch_copy(&mut all, i);
+                    all.barrier();
+                }
+                all.host_barrier();
+                all.end().expect("end");
+                group.throughput(Throughput::BytesDecimal(
+                    cold.copies as u64 * w.len() as u64,
+                ));
+                let id = BenchmarkId::new(format!("{ty:?} cold"), format!("{cols}x{rows} {what}"));
+                group.bench_function(id, |b| {
+                    b.iter(|| ctx.submit_and_wait(&all).expect("submit"));
+                });
+            }
         }
     }
     group.finish();
