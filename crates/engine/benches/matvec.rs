@@ -19,10 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engine::kernels::{
-    self, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
-};
-use engine::model::DECODE_SHAPE;
+use engine::kernels::{self, Batch, InMode, Kernels, MatmulBindings, MatmulPush, OutMode, Slot};
+use engine::model::{MatmulVariant, DECODE_SHAPE};
 use gguf::GgmlType;
 use vk::{
     Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, MemLocation,
@@ -221,17 +219,18 @@ fn matvec(c: &mut Criterion) {
             let xv = BufferView::new(&ctx, xbuf.binding(), TexelFormat::Rgba32Float).expect("view");
             let out = upload(&ctx, "out", &vec![0f32; rows]);
             // the engine's decode key for a plain matvec added to the residual (attn_output,
-            // ffn_down: see model::matmul_key)
-            let key = MatmulKey {
+            // ffn_down: see model::matmul_key), its row pairs balanced for this device's
+            // threads as the engine's are
+            let split_k = ks.column_split(DECODE_SHAPE.wg, cols as u32);
+            let variant = MatmulVariant {
                 wtype: ty,
                 in_mode: InMode::Plain,
                 out_mode: OutMode::Add,
-                neox: false,
-                wg: DECODE_SHAPE.wg,
-                pairs: DECODE_SHAPE.pairs,
-                tb: DECODE_SHAPE.tb,
-                split_k: ks.column_split(DECODE_SHAPE.wg, cols as u32),
+                last_token_only: false,
+                split_k,
+                pairs: ks.decode_pairs(split_k, false, &[rows as u32]),
             };
+            let key = ks.matmul_key(&variant, Batch::Decode, false, 0);
             let p = ks.matmul(key).expect("matmul pipeline");
             let set = p
                 .descriptor_set_with(

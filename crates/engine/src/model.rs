@@ -57,6 +57,9 @@ pub struct MatmulVariant {
     pub last_token_only: bool,
     /// `MatmulKey::split_k` of the one-token pipeline (0: lanes own rows).
     pub split_k: u32,
+    /// `MatmulKey::pairs` of the one-token column-split pipeline, chosen for the rows of
+    /// the dispatch ([`Kernels::decode_pairs`]); 0: the shape's own.
+    pub pairs: u32,
 }
 
 /// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
@@ -532,12 +535,19 @@ fn matmul_calls(
             step: acts.step.binding(),
             xr: spec.xr.as_ref().unwrap_or(&spec.x),
         };
+        // the rows that own workgroups (gate's, not up's: a gated pair reads both)
+        let rows: Vec<u32> = slots
+            .iter()
+            .filter(|s| !spec.out_mode.is_gated() || s.slot == 0)
+            .map(|s| s.nrows)
+            .collect();
         let variant = MatmulVariant {
             wtype,
             in_mode: spec.in_mode,
             out_mode: spec.out_mode,
             last_token_only: spec.last_token_only,
             split_k,
+            pairs: kernels.decode_pairs(split_k, spec.out_mode.is_gated(), &rows),
         };
         // the prefill pipeline has an identical set layout, so it accepts this set too
         let set = kernels

@@ -372,3 +372,121 @@ fn k_quant_tables() {
         assert!(names.contains(n), "{names}");
     }
 }
+
+/// The column split's output does not depend on how many row pairs a workgroup takes
+/// (`MatmulKey::pairs`, which the engine sets per matrix to spread the workgroups over a
+/// CPU device's threads: `Kernels::decode_pairs`): every row's sum is formed the same
+/// way whichever workgroup forms it, so pairs 8 (the shape's), 9, 6 and 3 give the same
+/// bits, for the residual add (576 and 202 rows) and gate/up (202 rows), at one, three
+/// and four rounds of chunks, and for Q8_0 as for the paired K-quant chunks. Pairs 8 is
+/// held to the reference so that four equally wrong outputs cannot pass.
+#[test]
+fn split_rows_do_not_depend_on_the_workgroup_pairs() {
+    let Some(ctx) = ctx() else { return };
+    let mut ks = Kernels::new(&ctx).unwrap();
+    let wg = ks.shapes().decode.wg;
+    if ks.column_split(wg, 1536) == 0 {
+        eprintln!("no column split on this device: nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(17);
+    let dummy = zeros(&ctx, "dummy", 4);
+    let step = step_buffer(&ctx, 0, &[], &[]);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (rows, cols, gated) in [
+            (576, 1536, false),
+            (202, 2048, false),
+            (202, 512, false),
+            (202, 1536, true),
+        ] {
+            let (wa, fa) = weights(&mut rng, ty, rows, cols, 0);
+            let (wb, _) = weights(&mut rng, ty, rows, cols, 20);
+            let ((_ba, va), (_bb, vb)) = (
+                weight_view(&ctx, "wa", &wa, ty),
+                weight_view(&ctx, "wb", &wb, ty),
+            );
+            let x = rng.vec(cols, 1.0);
+            let xbuf = upload(&ctx, "x", &x);
+            let xv = xview(&ctx, &xbuf);
+            // gate/up is built with the norm folded in only
+            let (in_mode, out_mode) = if gated {
+                (InMode::RmsNorm, OutMode::Glu)
+            } else {
+                (InMode::Plain, OutMode::Add)
+            };
+            let base = kernels::MatmulKey {
+                wtype: ty,
+                in_mode,
+                out_mode,
+                neox: false,
+                wg,
+                pairs: ks.shapes().decode.pairs,
+                tb: 1,
+                split_k: ks.column_split(wg, cols as u32),
+            };
+            assert!(base.split_k > 0, "{ty:?} {cols}");
+            let mut outs = Vec::new();
+            for pairs in [base.pairs, 9, 6, 3] {
+                let k = kernels::MatmulKey { pairs, ..base };
+                let out = zeros(&ctx, "out", rows);
+                let bindings = MatmulBindings {
+                    w0: &va,
+                    w1: &vb,
+                    x: &xv,
+                    aux: dummy.binding(),
+                    out0: out.binding(),
+                    out1: dummy.binding(),
+                    out2: dummy.binding(),
+                    step: step.binding(),
+                    xr: &xv,
+                };
+                let push = MatmulPush {
+                    n_tok: 1,
+                    ncols: cols as u32,
+                    x_ld: cols as u32,
+                    out_ld: rows as u32,
+                    eps: 1e-5,
+                    ..Default::default()
+                };
+                let mut slots = vec![Slot {
+                    slot: 0,
+                    nrows: rows as u32,
+                    wofs: 0,
+                    orow: 0,
+                }];
+                if gated {
+                    slots.push(Slot {
+                        slot: 1,
+                        nrows: rows as u32,
+                        wofs: 5,
+                        orow: 0,
+                    });
+                }
+                dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
+                outs.push((pairs, read_f32(&out, rows)));
+            }
+            let what = format!("{ty:?} {rows}x{cols} {out_mode:?}");
+            if !gated {
+                let mut want = vec![0.0; rows];
+                rk::matvec(ty, &wa, rows, cols, &x, &mut want).unwrap();
+                let mags = magnitudes(&fa, cols, &x);
+                assert_close(&what, &outs[0].1, &want, |i| {
+                    TOL_K * cols as f32 * U * mags[i] + 1e-6
+                });
+            }
+            for (pairs, got) in &outs[1..] {
+                let same = got
+                    .iter()
+                    .zip(&outs[0].1)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{what}: pairs {pairs} differs from pairs {}",
+                    outs[0].0
+                );
+            }
+        }
+    }
+    drop(ks);
+    assert_no_validation_errors(&ctx);
+}

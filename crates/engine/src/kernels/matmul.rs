@@ -160,11 +160,7 @@ impl MatmulKey {
 
     /// Output rows one workgroup covers.
     pub fn tile_rows(&self) -> u32 {
-        if self.out_mode.is_gated() {
-            self.wg * self.pairs
-        } else {
-            2 * self.wg * self.pairs
-        }
+        rows_per_workgroup(self.wg, self.pairs, self.out_mode.is_gated())
     }
 
     /// The compiled variant this key runs: `matmul.<type>.tb<TB>.<epilogue>` or
@@ -194,6 +190,16 @@ impl MatmulKey {
         Kernel::by_name(&name).ok_or_else(|| {
             EngineError::Unsupported(format!("the matmul variant `{name}` (not built)"))
         })
+    }
+}
+
+/// Output rows a workgroup of `wg` invocations with `pairs` row pairs each covers (a
+/// gated pair is a gate row and an up row: one output row).
+pub fn rows_per_workgroup(wg: u32, pairs: u32, gated: bool) -> u32 {
+    if gated {
+        wg * pairs
+    } else {
+        2 * wg * pairs
     }
 }
 

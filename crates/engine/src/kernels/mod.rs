@@ -150,6 +150,21 @@ pub struct Kernels {
     column_split: bool,
     /// The device's matmul shapes ([`Shapes::choose`]).
     shapes: Shapes,
+    /// The worker threads a CPU device runs workgroups on ([`cpu_device_threads`]); 0 on
+    /// any other device.
+    cpu_threads: u32,
+}
+
+/// The worker threads lavapipe runs a dispatch's workgroups on: `LP_NUM_THREADS` where
+/// set (0: none, everything on the submitting thread), else one per CPU this process may
+/// run on (lavapipe's default; capped at its 32).
+fn cpu_device_threads() -> u32 {
+    let set = std::env::var("LP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let n =
+        set.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+    n.min(32)
 }
 
 impl Kernels {
@@ -183,6 +198,11 @@ impl Kernels {
             softcap: None,
             column_split: true,
             shapes,
+            cpu_threads: if ctx.caps().device_type == vk::DeviceType::Cpu {
+                cpu_device_threads()
+            } else {
+                0
+            },
         })
     }
 
@@ -208,9 +228,12 @@ impl Kernels {
     ) -> MatmulKey {
         let shape = self.shapes.of(batch, v.last_token_only);
         let qkv_neox = v.out_mode == OutMode::Qkv && neox;
+        let split_k = if shape.tb == 1 { v.split_k } else { 0 };
         let pairs = if qkv_neox {
             // a workgroup must hold whole heads so that both rows of a pair are its own
             (head_dim / (2 * shape.wg)).max(1)
+        } else if split_k > 0 && v.pairs > 0 {
+            v.pairs
         } else {
             shape.pairs
         };
@@ -222,8 +245,21 @@ impl Kernels {
             wg: shape.wg,
             pairs,
             tb: shape.tb,
-            split_k: if shape.tb == 1 { v.split_k } else { 0 },
+            split_k,
         }
+    }
+
+    /// [`crate::model::MatmulVariant::pairs`] for a one-token column-split dispatch over
+    /// views of `rows` rows: on a CPU device, the pairs that spread its workgroups evenly
+    /// over the device's threads ([`MatmulShape::balanced_pairs`]); elsewhere, or without
+    /// the split, 0 (the shape's own).
+    pub fn decode_pairs(&self, split_k: u32, gated: bool, rows: &[u32]) -> u32 {
+        if split_k == 0 || self.cpu_threads < 2 {
+            return 0;
+        }
+        self.shapes
+            .decode
+            .balanced_pairs(gated, rows, self.cpu_threads)
     }
 
     /// [`MatmulKey::split_k`] for a one-token matmul over `ncols` columns with `wg`

@@ -24,6 +24,42 @@ pub struct MatmulShape {
     pub tb: u32,
 }
 
+/// The row pairs per invocation [`MatmulShape::balanced_pairs`] chooses from.
+pub const BALANCED_PAIRS: std::ops::RangeInclusive<u32> = 2..=16;
+
+impl MatmulShape {
+    /// The row pairs per invocation (in [`BALANCED_PAIRS`]) that finish a one-token
+    /// dispatch over views of `rows` rows soonest on a CPU device running its workgroups
+    /// on `threads` worker threads, each taking the next workgroup when it is free
+    /// (lavapipe). Every workgroup of a dispatch costs the same, rows past a view's end
+    /// included (the column split computes them on row 0 and drops them), so the dispatch
+    /// takes `ceil(workgroups / threads)` rounds of a workgroup's time, which grows with
+    /// its pairs. With 8 pairs, a 576-row matrix on 2 threads is 5 workgroups of 128 rows:
+    /// 3 rounds, one of them with a thread idle; with 9 it is 4 of 144 rows, 2 rounds,
+    /// a quarter less. Ties keep the shape's own pairs (no extra pipeline), else take the
+    /// most pairs (the fewest workgroups: each loads its input chunks once). A row's sum
+    /// does not depend on the workgroup that computes it, so neither do the bits of the
+    /// output.
+    pub fn balanced_pairs(&self, gated: bool, rows: &[u32], threads: u32) -> u32 {
+        if threads < 2 || rows.is_empty() {
+            return self.pairs;
+        }
+        let cost = |pairs: u32| {
+            let tile = super::matmul::rows_per_workgroup(self.wg, pairs, gated);
+            let groups: u32 = rows.iter().map(|r| r.div_ceil(tile)).sum();
+            u64::from(groups.div_ceil(threads)) * u64::from(pairs)
+        };
+        let best = BALANCED_PAIRS.map(cost).min().unwrap_or(0);
+        if cost(self.pairs) == best {
+            return self.pairs;
+        }
+        BALANCED_PAIRS
+            .rev()
+            .find(|&p| cost(p) == best)
+            .unwrap_or(self.pairs)
+    }
+}
+
 /// One token at a time (decode) vs a batch of prompt tokens (prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Batch {
@@ -54,7 +90,7 @@ pub struct Shapes {
 }
 
 /// lavapipe with 8-lane subgroups. Decode: 8 lanes × 8 row pairs = 128 rows per
-/// workgroup, one token (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s
+/// workgroup (a matrix may take other pairs, [`MatmulShape::balanced_pairs`]), one token (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s
 /// median of 7, Q8_0), two pairs in lockstep (against one: 20.8 vs 18.9 tok/s, median of
 /// 5 alternating runs). Prefill: each weight chunk loaded is used for 4 tokens (about 60
 /// against 50 tok/s over a 200-token prompt).
@@ -174,6 +210,7 @@ impl Shapes {
 
 #[cfg(test)]
 mod tests {
+    use super::super::matmul::rows_per_workgroup;
     use super::*;
     use vk::SubgroupSizeControl;
 
@@ -246,6 +283,48 @@ mod tests {
         let mut small = cpu(8, None);
         small.max_compute_work_group_size = [4, 4, 4];
         assert!(!LAVAPIPE.fits(&small) && !GENERIC.fits(&small));
+    }
+
+    /// SmolLM2's and Gemma 3's one-token matmuls on lavapipe's 2 threads (this machine),
+    /// and on 16.
+    #[test]
+    fn pairs_balance_the_workgroups_over_the_threads() {
+        let d = LAVAPIPE.decode;
+        // q, k, v in one dispatch: 5 + 2 + 2 workgroups of 128 rows (5 rounds) against
+        // 6 + 2 + 2 of 96 (5 rounds of three quarters the time)
+        assert_eq!(d.balanced_pairs(false, &[576, 192, 192], 2), 6);
+        // attn_output and ffn_down (576 rows): 4 workgroups of 144 rows
+        assert_eq!(d.balanced_pairs(false, &[576], 2), 9);
+        // Gemma's (640 rows): 4 of 160
+        assert_eq!(d.balanced_pairs(false, &[640], 2), 10);
+        // gate/up, 1536 rows of 64 per workgroup: 24 workgroups already even
+        assert_eq!(d.balanced_pairs(true, &[1536], 2), 8);
+        // the logits: 384 workgroups
+        assert_eq!(d.balanced_pairs(false, &[49152], 2), 8);
+        // one thread, or nothing to balance: the shape's own
+        assert_eq!(d.balanced_pairs(false, &[576], 1), 8);
+        assert_eq!(d.balanced_pairs(false, &[], 2), 8);
+        // 16 threads: 12 workgroups of 48 rows run in one round
+        assert_eq!(d.balanced_pairs(false, &[576], 16), 3);
+        for rows in [1u32, 7, 64, 100, 576, 640, 1000, 4096, 49152] {
+            for threads in [2u32, 3, 4, 8, 16] {
+                for gated in [false, true] {
+                    let p = d.balanced_pairs(gated, &[rows], threads);
+                    assert!(BALANCED_PAIRS.contains(&p) || p == d.pairs);
+                    let rounds = |p: u32| {
+                        u64::from(
+                            rows.div_ceil(rows_per_workgroup(d.wg, p, gated))
+                                .div_ceil(threads),
+                        ) * u64::from(p)
+                    };
+                    // never slower than the shape's own in this cost
+                    assert!(
+                        rounds(p) <= rounds(d.pairs),
+                        "{rows} rows, {threads} threads"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

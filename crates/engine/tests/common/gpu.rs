@@ -112,6 +112,7 @@ pub fn engine_keys(
         out_mode,
         last_token_only: out_mode == OutMode::Store,
         split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
+        pairs: 0,
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
