@@ -9,7 +9,10 @@
 //! the same texel views, descriptor layout, push constants and `matmul_layout` as the
 //! engine's decode path. The `x16` variants record the dispatch 16 times in one command
 //! buffer (a barrier between, as in a decode token), so the ~70 us of submit + fence wait
-//! is spread over 16 matvecs and the GB/s is closer to the kernel's own. Before timing, each shape's output is checked against
+//! is spread over 16 matvecs and the GB/s is closer to the kernel's own; but they reread
+//! one matrix, which the caches keep. The `cold` variants (at the K shapes) stream 64 MiB
+//! of copies per submission, so every dispatch reads its weights from memory as a decode
+//! token does ([`Cold`]). Before timing, each shape's output is checked against
 //! `reference::kernels::matmul`, so a broken kernel cannot post a fast figure.
 //!
 //! `cargo bench -p engine --bench matvec [-- --quick]`. No Vulkan device: fails, unless

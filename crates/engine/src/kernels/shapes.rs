@@ -90,9 +90,10 @@ pub struct Shapes {
 }
 
 /// lavapipe with 8-lane subgroups. Decode: 8 lanes × 8 row pairs = 128 rows per
-/// workgroup (a matrix may take other pairs, [`MatmulShape::balanced_pairs`]), one token (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s
-/// median of 7, Q8_0), two pairs in lockstep (against one: 20.8 vs 18.9 tok/s, median of
-/// 5 alternating runs). Prefill: each weight chunk loaded is used for 4 tokens (about 60
+/// workgroup (a matrix may take other pairs: [`MatmulShape::balanced_pairs`]), one token
+/// (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0),
+/// two pairs in lockstep (against one: 20.8 vs 18.9 tok/s, median of 5 alternating
+/// runs). Prefill: each weight chunk loaded is used for 4 tokens (about 60
 /// against 50 tok/s over a 200-token prompt).
 pub const LAVAPIPE: Shapes = Shapes {
     name: "lavapipe",
