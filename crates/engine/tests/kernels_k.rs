@@ -378,8 +378,9 @@ fn k_quant_tables() {
 /// CPU device's threads: `Kernels::decode_pairs`): every row's sum is formed the same
 /// way whichever workgroup forms it, so pairs 8 (the shape's), 9, 6 and 3 give the same
 /// bits, for the residual add (576 and 202 rows) and gate/up (202 rows), at one, three
-/// and four rounds of chunks, and for Q8_0 as for the paired K-quant chunks. Pairs 8 is
-/// held to the reference so that four equally wrong outputs cannot pass.
+/// and four rounds of chunks, and for Q8_0 as for the paired K-quant chunks. The residual
+/// add's pairs 8 is held to the reference here, so that four equally wrong outputs cannot
+/// pass; gate/up's is in `k_quant_gate_up_matches_reference` (and kernels.rs for Q8_0).
 #[test]
 fn split_rows_do_not_depend_on_the_workgroup_pairs() {
     let Some(ctx) = ctx() else { return };
