@@ -60,7 +60,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 #if defined(WTYPE_Q4_K)
 // Chunk s of a super-block is group s: 32 bytes of qs (words 4 + 8s ..), whose low nibbles
 // are sub-block 2s (quads 0..7) and high nibbles sub-block 2s + 1 (quads 8..15).
-// 5 texel fetches per chunk.
+// 5 texel fetches per chunk (3 under K_TEXEL_ALIGNED).
 #define QUANT_HAS_MIN true
 #define K4_LO_(Q, U) nibbles(Q, 0u)
 #define K4_HI_(Q, U) nibbles(Q, 4u)
@@ -76,7 +76,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
     }
 
 // Groups s, s + 1 (s = c % 4: 0 or 2), one header load and 16 words of qs: 7 texel
-// fetches for the two chunks.
+// fetches for the two chunks (5 under K_TEXEL_ALIGNED).
 #define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
     {                                                                                     \
         uint ks_ = (c) & 3u;                                                              \
@@ -92,7 +92,7 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 
 #elif defined(WTYPE_Q5_K)
 // As Q4_K (qs at words 12 + 8s ..), the fifth bits in qh (words 4..11): bit 2s of byte l
-// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk.
+// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk (5 under K_TEXEL_ALIGNED).
 #define QUANT_HAS_MIN true
 #define K5_LO_(Q, H) k_bytes((Q & 0x0F0F0F0Fu) | (((H >> khs_) & 0x01010101u) << 4u))
 #define K5_HI_(Q, H) k_bytes(((Q >> 4u) & 0x0F0F0F0Fu) | (((H >> (khs_ + 1u)) & 0x01010101u) << 4u))
@@ -108,7 +108,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
         K45_GROUP_(K5_LO_, K5_HI_, kq0_, kq1_, kh0_, kh1_, khs_, 0u, BODY, BLOCK_END)     \
     }
 
-// Header and qh once (4 fetches), 16 words of qs (5): 9 texel fetches for the two chunks.
+// Header and qh once (4 fetches), 16 words of qs (5): 9 texel fetches for the two chunks
+// (7 under K_TEXEL_ALIGNED).
 #define QUANT_ROW_2CHUNKS(BUF, wofs, row, nchunks, c, BODY, BLOCK_END)                    \
     {                                                                                     \
         uint ks_ = (c) & 3u;                                                              \

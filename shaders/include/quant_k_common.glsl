@@ -2,6 +2,19 @@
 // half-word addresses and realigned in registers (never a texel that holds none of the
 // bytes read), bit-field unpacking, and the macros that hand quads to BODY.
 
+// The host's promise that every word-addressed run below starts on a texel: set (per
+// pipeline) only for Q4_K and Q5_K, whose super-blocks are whole texels (144 and 176
+// bytes), over views whose word offsets are all multiples of 4 (as GGUF's 32-byte tensor
+// alignment makes them). The realignment then folds away when the pipeline is built, and
+// so do the fetches of texels past the run's own (a Q4_K pair of chunks: 5 fetches, not
+// 7). Rust twin: kernels::matmul::k_texel_aligned.
+layout(constant_id = 2) const bool K_TEXEL_ALIGNED = false;
+
+// The word within its texel of word w (0 where the host promises K_TEXEL_ALIGNED).
+uint k_sub(uint w) {
+    return K_TEXEL_ALIGNED ? 0u : (w & 3u);
+}
+
 // Words sh..sh+3 (sh = 0..3) of the eight words of texels a, b.
 uvec4 k_window4(uvec4 a, uvec4 b, uint sh) {
     bool s1 = (sh & 1u) != 0u;
@@ -20,39 +33,39 @@ uint k_word(usamplerBuffer b, uint w) {
     return word_of(texelFetch(b, int(w >> 2u)), w & 3u);
 }
 
-// The 4 words at word w: 2 fetches.
+// The 4 words at word w: 2 fetches (1 under K_TEXEL_ALIGNED).
 uvec4 k_load4w(usamplerBuffer b, uint w) {
     int t = int(w >> 2u);
     int last = int((w + 3u) >> 2u);
-    return k_window4(texelFetch(b, t), texelFetch(b, min(t + 1, last)), w & 3u);
+    return k_window4(texelFetch(b, t), texelFetch(b, min(t + 1, last)), k_sub(w));
 }
 
-// The 8 words at word w: 3 fetches.
+// The 8 words at word w: 3 fetches (2 under K_TEXEL_ALIGNED).
 void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
     int t = int(w >> 2u);
     int last = int((w + 7u) >> 2u);
-    window8(texelFetch(b, t), texelFetch(b, t + 1), texelFetch(b, min(t + 2, last)), w & 3u,
+    window8(texelFetch(b, t), texelFetch(b, t + 1), texelFetch(b, min(t + 2, last)), k_sub(w),
             r0, r1);
 }
 
-// The 16 words at word w: 5 fetches.
+// The 16 words at word w: 5 fetches (4 under K_TEXEL_ALIGNED).
 void k_load16w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2,
                out uvec4 r3) {
     int t = int(w >> 2u);
     int last = int((w + 15u) >> 2u);
     uvec4 t2 = texelFetch(b, t + 2);
-    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, w & 3u, r0, r1);
-    window8(t2, texelFetch(b, t + 3), texelFetch(b, min(t + 4, last)), w & 3u, r2, r3);
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, k_sub(w), r0, r1);
+    window8(t2, texelFetch(b, t + 3), texelFetch(b, min(t + 4, last)), k_sub(w), r2, r3);
 }
 
-// The 12 words at word w: 4 fetches.
+// The 12 words at word w: 4 fetches (3 under K_TEXEL_ALIGNED).
 void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
     int t = int(w >> 2u);
     int last = int((w + 11u) >> 2u);
     uvec4 t2 = texelFetch(b, t + 2);
     uvec4 t3 = texelFetch(b, min(t + 3, last));
-    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, w & 3u, r0, r1);
-    r2 = k_window4(t2, t3, w & 3u);
+    window8(texelFetch(b, t), texelFetch(b, t + 1), t2, k_sub(w), r0, r1);
+    r2 = k_window4(t2, t3, k_sub(w));
 }
 
 // The 8 words starting at half-word h: 3 fetches.

@@ -136,6 +136,12 @@ fn gemm(c: &mut Criterion) {
                 .expect("reference");
             let mag = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             for (arm, shape) in &arms {
+                let slots = [Slot {
+                    slot: 0,
+                    nrows: rows as u32,
+                    wofs: 0,
+                    orow: 0,
+                }];
                 let key = MatmulKey {
                     wtype: ty,
                     in_mode: InMode::Plain,
@@ -145,6 +151,7 @@ fn gemm(c: &mut Criterion) {
                     pairs: shape.pairs,
                     tb: shape.tb,
                     split_k: 0,
+                    texel_aligned: kernels::k_texel_aligned(ty, &slots),
                 };
                 let p = ks.matmul(key).expect("matmul pipeline");
                 let set = p
@@ -170,12 +177,6 @@ fn gemm(c: &mut Criterion) {
                     out_ld: rows as u32,
                     ..Default::default()
                 };
-                let slots = [Slot {
-                    slot: 0,
-                    nrows: rows as u32,
-                    wofs: 0,
-                    orow: 0,
-                }];
                 let groups = kernels::matmul_layout(&key, &mut push, &slots);
                 let record = |n: usize| {
                     let mut cmd = CommandBuffer::new(&ctx).expect("command buffer");

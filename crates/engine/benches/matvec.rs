@@ -225,6 +225,13 @@ fn matvec(c: &mut Criterion) {
             // ffn_down: see model::matmul_key), its row pairs balanced for this device's
             // threads as the engine's are
             let split_k = ks.column_split(DECODE_SHAPE.wg, cols as u32);
+            // at word 0 (the cold copies: at multiples of 64 words)
+            let slots = [Slot {
+                slot: 0,
+                nrows: rows as u32,
+                wofs: 0,
+                orow: 0,
+            }];
             let variant = MatmulVariant {
                 wtype: ty,
                 in_mode: InMode::Plain,
@@ -232,6 +239,7 @@ fn matvec(c: &mut Criterion) {
                 last_token_only: false,
                 split_k,
                 pairs: ks.decode_pairs(split_k, false, &[rows as u32]),
+                texel_aligned: kernels::k_texel_aligned(ty, &slots),
             };
             let key = ks.matmul_key(&variant, Batch::Decode, false, 0);
             let p = ks.matmul(key).expect("matmul pipeline");
@@ -261,12 +269,6 @@ fn matvec(c: &mut Criterion) {
                 out_ld: rows as u32,
                 ..Default::default()
             };
-            let slots = [Slot {
-                slot: 0,
-                nrows: rows as u32,
-                wofs: 0,
-                orow: 0,
-            }];
             let groups = kernels::matmul_layout(&key, &mut push, &slots);
             let mut cmd = CommandBuffer::new(&ctx).expect("command buffer");
             cmd.begin().expect("begin");

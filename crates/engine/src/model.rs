@@ -31,7 +31,8 @@ use vk::{BufferBinding, BufferView, DescriptorSet};
 use crate::activations::Activations;
 use crate::graph::GraphShape;
 use crate::kernels::{
-    self, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, OutMode, Slot, CHUNK,
+    self, k_texel_aligned, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, OutMode,
+    Slot, CHUNK,
 };
 use crate::residency::{TensorView, ViewPart, Weights};
 use crate::step::{self, Dims, Io, LayerWeights, MatmulSpec};
@@ -60,6 +61,9 @@ pub struct MatmulVariant {
     /// `MatmulKey::pairs` of the one-token column-split pipeline, chosen for the rows of
     /// the dispatch ([`Kernels::decode_pairs`]); 0: the shape's own.
     pub pairs: u32,
+    /// `MatmulKey::texel_aligned`, from the dispatch's slots
+    /// ([`k_texel_aligned`]).
+    pub texel_aligned: bool,
 }
 
 /// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
@@ -548,6 +552,7 @@ fn matmul_calls(
             last_token_only: spec.last_token_only,
             split_k,
             pairs: kernels.decode_pairs(split_k, spec.out_mode.is_gated(), &rows),
+            texel_aligned: k_texel_aligned(wtype, &slots),
         };
         // the prefill pipeline has an identical set layout, so it accepts this set too
         let set = kernels

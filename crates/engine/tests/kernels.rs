@@ -37,6 +37,7 @@ fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) ->
         pairs: 4,
         tb,
         split_k: 0,
+        texel_aligned: false,
     }
 }
 

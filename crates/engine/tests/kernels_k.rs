@@ -9,7 +9,9 @@
 //! a word; the column split with chunks left over), 1536 and 2048 (three and four whole
 //! rounds of the split: a lane's chunks taken in pairs and, at three, one alone) and
 //! 202 rows (a partial workgroup tile). Word offsets 1, 5 and 16 put the super-blocks
-//! of the word-aligned types off and on texel boundaries.
+//! of the word-aligned types off and on texel boundaries (Q4_K and Q5_K at 16, a whole
+//! texel, take the texel-aligned decoders, as the engine picks them:
+//! `kernels::k_texel_aligned`).
 //!
 //! Tolerances (u = 2^-24): a dot product of n terms summed in f32 in either order is
 //! within about n·u·Σ|w·x| of the exact one (Higham's γ_n), so GPU and reference may differ
@@ -424,6 +426,7 @@ fn split_rows_do_not_depend_on_the_workgroup_pairs() {
                 pairs: ks.shapes().decode.pairs,
                 tb: 1,
                 split_k: ks.column_split(wg, cols as u32),
+                texel_aligned: false,
             };
             assert!(base.split_k > 0, "{ty:?} {cols}");
             let mut outs = Vec::new();
@@ -488,6 +491,82 @@ fn split_rows_do_not_depend_on_the_workgroup_pairs() {
             }
         }
     }
+    drop(ks);
+    assert_no_validation_errors(&ctx);
+}
+
+/// The texel-aligned decoders of Q4_K and Q5_K (`K_TEXEL_ALIGNED`, which the engine picks
+/// for views at word offsets that are multiples of 4) give the same bits as the general
+/// ones on the same aligned weights, for every key the engine runs (prefill GEMM, column
+/// split at one to four rounds, row per lane); the general ones are held to the reference
+/// by `k_quant_matmul_matches_reference`.
+#[test]
+fn texel_aligned_decoders_equal_the_general_ones() {
+    let Some(ctx) = ctx() else { return };
+    let mut ks = Kernels::new(&ctx).unwrap();
+    let mut rng = Rng::new(29);
+    let (rows, n_tok, pad) = (202, 5, 64);
+    let dummy = zeros(&ctx, "dummy", 4);
+    let dummy_w = BufferView::new(&ctx, dummy.binding(), TexelFormat::R32Uint).unwrap();
+    let step = step_buffer(&ctx, 0, &[], &[]);
+    let slots = [Slot {
+        slot: 0,
+        nrows: rows as u32,
+        wofs: (pad / 4) as u32,
+        orow: 0,
+    }];
+    let mut runs = 0;
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+        assert!(kernels::k_texel_aligned(ty, &slots), "{ty:?} at word 16");
+        for cols in [256, 768, 1280, 1536, 2048] {
+            let (bytes, _) = weights(&mut rng, ty, rows, cols, pad);
+            let (_wbuf, wv) = weight_view(&ctx, "w", &bytes, ty);
+            let x = rng.vec(n_tok * cols, 1.0);
+            let xbuf = upload(&ctx, "x", &x);
+            let xv = xview(&ctx, &xbuf);
+            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols) {
+                let mut outs = Vec::new();
+                for texel_aligned in [false, true] {
+                    let k = kernels::MatmulKey { texel_aligned, ..k };
+                    let out = zeros(&ctx, "out", n_tok * rows);
+                    let bindings = MatmulBindings {
+                        w0: &wv,
+                        w1: &dummy_w,
+                        x: &xv,
+                        aux: dummy.binding(),
+                        out0: out.binding(),
+                        out1: dummy.binding(),
+                        out2: dummy.binding(),
+                        step: step.binding(),
+                        xr: &xv,
+                    };
+                    let mut push = MatmulPush {
+                        n_tok: n_tok as u32,
+                        ncols: cols as u32,
+                        x_ld: cols as u32,
+                        out_ld: rows as u32,
+                        ..Default::default()
+                    };
+                    let p = ks.matmul(k).unwrap();
+                    let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
+                    let groups = kernels::matmul_layout(&k, &mut push, &slots);
+                    run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                    outs.push(read_f32(&out, n_tok * rows));
+                }
+                assert!(
+                    outs[0].iter().any(|v| *v != 0.0),
+                    "{ty:?} {cols} {k:?}: no output"
+                );
+                let same = outs[0]
+                    .iter()
+                    .zip(&outs[1])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty:?} {cols} columns {k:?}: aligned decoders differ");
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs >= 20, "{runs} key runs");
     drop(ks);
     assert_no_validation_errors(&ctx);
 }

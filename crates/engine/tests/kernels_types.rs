@@ -128,6 +128,7 @@ fn new_types_are_supported_and_every_variant_builds() {
                         pairs: 4,
                         tb,
                         split_k: 0,
+                        texel_aligned: false,
                     };
                     ks.matmul(k).unwrap();
                     for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {

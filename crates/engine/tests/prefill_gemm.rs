@@ -153,6 +153,7 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                     pairs: PREFILL_SHAPE.pairs,
                     tb: PREFILL_SHAPE.tb,
                     split_k: 0,
+                    texel_aligned: false,
                 };
                 assert!(
                     key.kernel().unwrap().name().starts_with("matmul_mm."),

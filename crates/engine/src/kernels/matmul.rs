@@ -72,8 +72,9 @@ impl OutMode {
 }
 
 /// One matmul pipeline: the build-time variant (weight type, epilogue, tokens per
-/// invocation, column split) and the two specialisation constants left (workgroup size
-/// and pairs per invocation: loop bounds only).
+/// invocation, column split) and the three specialisation constants left (workgroup size
+/// and pairs per invocation: loop bounds; whether the K-quant super-blocks start on
+/// texels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulKey {
     pub wtype: GgmlType,
@@ -93,6 +94,9 @@ pub struct MatmulKey {
     /// columns instead of owning rows (one token only; `matmul_split.comp`'s `SPLIT_K`),
     /// from [`Kernels::column_split`]; 0: lanes own rows.
     pub split_k: u32,
+    /// Every super-block of the dispatch starts on a texel ([`k_texel_aligned`]): the
+    /// K-quant decoders' `K_TEXEL_ALIGNED`.
+    pub texel_aligned: bool,
 }
 
 /// Tokens per invocation the row-per-lane matmul is built for (crates/vk/build.rs).
@@ -191,6 +195,18 @@ impl MatmulKey {
             EngineError::Unsupported(format!("the matmul variant `{name}` (not built)"))
         })
     }
+}
+
+/// Whether the K-quant decoders may take every word-addressed run of a dispatch to start
+/// on a texel (`K_TEXEL_ALIGNED` in include/quant_k_common.glsl): the weights are Q4_K or
+/// Q5_K, whose super-blocks are whole texels (144 and 176 bytes), and every view's word
+/// offset is a multiple of 4. GGUF's tensor alignment (32 bytes) makes real files so;
+/// then those decoders skip the realignment and a texel fetch per run (a Q4_K pair of
+/// chunks takes 5 fetches, not 7). Any other type, or any offset off a texel: false.
+pub fn k_texel_aligned(wtype: GgmlType, slots: &[Slot]) -> bool {
+    matches!(wtype, GgmlType::Q4_K | GgmlType::Q5_K)
+        && !slots.is_empty()
+        && slots.iter().all(|s| s.wofs % 4 == 0)
 }
 
 /// Output rows a workgroup of `wg` invocations with `pairs` row pairs each covers (a
@@ -342,6 +358,40 @@ mod tests {
             nrows,
             wofs: 0,
             orow,
+        }
+    }
+
+    /// Only Q4_K and Q5_K (super-blocks of whole texels) take the aligned decoders, and
+    /// only when every view of the dispatch starts on a texel.
+    #[test]
+    fn texel_aligned_only_for_whole_texel_super_blocks_on_texels() {
+        let at = |wofs: &[u32]| -> Vec<Slot> {
+            wofs.iter()
+                .enumerate()
+                .map(|(i, &w)| Slot {
+                    wofs: w,
+                    ..slot(i, 256, 0)
+                })
+                .collect()
+        };
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            assert!(k_texel_aligned(ty, &at(&[0])));
+            assert!(k_texel_aligned(ty, &at(&[16, 36 * 640, 8])));
+            assert!(
+                !k_texel_aligned(ty, &at(&[16, 5])),
+                "{ty:?}: one view off a texel"
+            );
+            assert!(!k_texel_aligned(ty, &at(&[2])));
+            assert!(!k_texel_aligned(ty, &[]));
+        }
+        for ty in [
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+        ] {
+            assert!(!k_texel_aligned(ty, &at(&[0])), "{ty:?}");
         }
     }
 

@@ -246,6 +246,7 @@ impl Kernels {
             pairs,
             tb: shape.tb,
             split_k,
+            texel_aligned: v.texel_aligned,
         }
     }
 
@@ -334,7 +335,7 @@ impl Kernels {
                 kernel: key.kernel()?,
                 n_bindings: MATMUL_BINDINGS,
                 push_size: std::mem::size_of::<MatmulPush>() as u32,
-                spec: vec![key.wg, key.pairs],
+                spec: vec![key.wg, key.pairs, u32::from(key.texel_aligned)],
             };
             let p = if key.split_k > 0 {
                 // one subgroup per workgroup: required of the device where it must be asked

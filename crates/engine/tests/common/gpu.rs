@@ -113,6 +113,7 @@ pub fn engine_keys(
         last_token_only: out_mode == OutMode::Store,
         split_k: ks.column_split(ks.shapes().decode.wg, cols as u32),
         pairs: 0,
+        texel_aligned: false,
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
@@ -126,7 +127,10 @@ pub fn engine_keys(
 }
 
 /// Runs the matmul pipeline of `k` once, bound through the engine's own binding struct,
-/// over `slots` (`kernels::matmul_layout` fills the push's layout). Returns the groups.
+/// over `slots` (`kernels::matmul_layout` fills the push's layout), with `k`'s
+/// `texel_aligned` set as the engine sets it for those slots (`kernels::k_texel_aligned`:
+/// a Q4_K or Q5_K view at a word offset that is a multiple of 4 takes the aligned
+/// decoders). Returns the groups.
 pub fn dispatch_matmul(
     ctx: &Arc<Context>,
     ks: &mut Kernels,
@@ -135,6 +139,10 @@ pub fn dispatch_matmul(
     mut push: MatmulPush,
     slots: &[Slot],
 ) -> [u32; 3] {
+    let k = MatmulKey {
+        texel_aligned: kernels::k_texel_aligned(k.wtype, slots),
+        ..k
+    };
     let p = ks.matmul(k).unwrap();
     let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
     let groups = kernels::matmul_layout(&k, &mut push, slots);
