@@ -540,17 +540,14 @@ fn texel_aligned_decoders_equal_the_general_ones() {
                         step: step.binding(),
                         xr: &xv,
                     };
-                    let mut push = MatmulPush {
+                    let push = MatmulPush {
                         n_tok: n_tok as u32,
                         ncols: cols as u32,
                         x_ld: cols as u32,
                         out_ld: rows as u32,
                         ..Default::default()
                     };
-                    let p = ks.matmul(k).unwrap();
-                    let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
-                    let groups = kernels::matmul_layout(&k, &mut push, &slots);
-                    run(&ctx, p, &set, bytemuck::bytes_of(&push), groups);
+                    dispatch_matmul_key(&ctx, &mut ks, k, &bindings, push, &slots);
                     outs.push(read_f32(&out, n_tok * rows));
                 }
                 assert!(

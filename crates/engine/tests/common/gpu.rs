@@ -136,13 +136,25 @@ pub fn dispatch_matmul(
     ks: &mut Kernels,
     k: MatmulKey,
     bindings: &MatmulBindings<'_>,
-    mut push: MatmulPush,
+    push: MatmulPush,
     slots: &[Slot],
 ) -> [u32; 3] {
     let k = MatmulKey {
         texel_aligned: kernels::k_texel_aligned(k.wtype, slots),
         ..k
     };
+    dispatch_matmul_key(ctx, ks, k, bindings, push, slots)
+}
+
+/// [`dispatch_matmul`] with `k` exactly as given (`texel_aligned` included).
+pub fn dispatch_matmul_key(
+    ctx: &Arc<Context>,
+    ks: &mut Kernels,
+    k: MatmulKey,
+    bindings: &MatmulBindings<'_>,
+    mut push: MatmulPush,
+    slots: &[Slot],
+) -> [u32; 3] {
     let p = ks.matmul(k).unwrap();
     let set = p.descriptor_set_with(&bindings.descriptors()).unwrap();
     let groups = kernels::matmul_layout(&k, &mut push, slots);
