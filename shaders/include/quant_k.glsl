@@ -92,7 +92,8 @@ uvec2 k4_scale_min(uvec3 sc, uint j) {
 
 #elif defined(WTYPE_Q5_K)
 // As Q4_K (qs at words 12 + 8s ..), the fifth bits in qh (words 4..11): bit 2s of byte l
-// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk (5 under K_TEXEL_ALIGNED).
+// for element l of the chunk, bit 2s + 1 for element 32 + l. 7 texel fetches per chunk
+// (5 under K_TEXEL_ALIGNED).
 #define QUANT_HAS_MIN true
 #define K5_LO_(Q, H) k_bytes((Q & 0x0F0F0F0Fu) | (((H >> khs_) & 0x01010101u) << 4u))
 #define K5_HI_(Q, H) k_bytes(((Q >> 4u) & 0x0F0F0F0Fu) | (((H >> (khs_ + 1u)) & 0x01010101u) << 4u))
