@@ -36,5 +36,8 @@ pub use context::{default_device, enumerate_devices, Context, ContextOptions};
 pub use error::VkError;
 pub use import::ImportedBuffer;
 pub use kernels::Kernel;
-pub use pipeline::{Descriptor, DescriptorKind, DescriptorSet, Pipeline, PipelineDesc};
+pub use pipeline::{
+    spirv_override, Descriptor, DescriptorKind, DescriptorSet, Pipeline, PipelineDesc,
+    SPIRV_DIR_ENV,
+};
 pub use texel::{BufferView, TexelFormat};

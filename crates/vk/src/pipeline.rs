@@ -2,6 +2,7 @@
 //! constants, and a growable descriptor pool for the sets bound at load.
 
 use std::any::Any;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -13,6 +14,48 @@ use crate::{Context, Kernel};
 
 /// Sets per descriptor pool; a new pool is added when one runs out.
 const SETS_PER_POOL: u32 = 64;
+
+/// A directory of replacement SPIR-V modules, for shader experiments without a rebuild:
+/// a pipeline of kernel `NAME` ([`Kernel::name`], e.g. `matmul_mm.q8_0.t8.add`) is built
+/// from `DIR/NAME.spv` when that file exists (a warning says so), else from the module
+/// build.rs embedded. A replacement must declare the same bindings, push constants and
+/// specialisation constants as the kernel it replaces: the layout comes from the embedded
+/// module. Unset in normal use; compile a replacement with the glslc flags build.rs
+/// gives that variant.
+pub const SPIRV_DIR_ENV: &str = "VKDECODE_SPIRV_DIR";
+
+/// The first word of every SPIR-V module.
+const SPIRV_MAGIC: u32 = 0x0723_0203;
+
+/// The replacement module of kernel `name` in `dir` ([`SPIRV_DIR_ENV`]): `None` when
+/// there is no `dir/name.spv`; an error when the file cannot be read or is not SPIR-V.
+pub fn spirv_override(dir: &Path, name: &'static str) -> Result<Option<Vec<u32>>, VkError> {
+    let path = dir.join(format!("{name}.spv"));
+    let bad = |why: String| VkError::Pipeline { kernel: name, why };
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(bad(format!("cannot read {}: {e}", path.display()))),
+    };
+    if bytes.len() < 20 || !bytes.len().is_multiple_of(4) {
+        return Err(bad(format!(
+            "{} is {} bytes: not a SPIR-V module (a header of 5 words, then whole words)",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if words[0] != SPIRV_MAGIC {
+        return Err(bad(format!(
+            "{} does not start with the SPIR-V magic number (little-endian {SPIRV_MAGIC:#010x})",
+            path.display()
+        )));
+    }
+    Ok(Some(words))
+}
 
 /// Describes a compute pipeline.
 #[derive(Clone, Debug)]
@@ -255,9 +298,18 @@ impl Pipeline {
         // SAFETY: valid create info referencing a live set layout.
         let layout =
             unsafe { dev.create_pipeline_layout(&pl_info, None) }.call("vkCreatePipelineLayout")?;
-        let code = desc.kernel.spirv();
+        let replaced = match std::env::var_os(SPIRV_DIR_ENV) {
+            Some(dir) => spirv_override(Path::new(&dir), kernel)?,
+            None => None,
+        };
+        if replaced.is_some() {
+            tracing::warn!(kernel, "SPIR-V replaced from {SPIRV_DIR_ENV}");
+        }
+        let code: &[u32] = replaced.as_deref().unwrap_or_else(|| desc.kernel.spirv());
         let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
-        // SAFETY: `code` is SPIR-V produced by glslc at build time.
+        // SAFETY: `code` is SPIR-V produced by glslc at build time, unless a developer set
+        // VKDECODE_SPIRV_DIR: a replacement is checked for the SPIR-V header only, and its
+        // validity is theirs to ensure (as glslc's output is ours).
         let module = match unsafe { dev.create_shader_module(&mod_info, None) } {
             Ok(m) => m,
             Err(e) => {
@@ -528,5 +580,55 @@ impl std::fmt::Debug for Pipeline {
         f.debug_struct("Pipeline")
             .field("kernel", &self.kernel.name())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system's temporary directory.
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vk-spirv-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        dir
+    }
+
+    #[test]
+    fn a_replacement_module_is_read_when_present_and_checked() {
+        let kernel = Kernel::Argmax;
+        let name = kernel.name();
+        let dir = scratch("override");
+        // absent: the embedded module is used
+        assert!(spirv_override(&dir, name)
+            .expect("no file is not an error")
+            .is_none());
+        // present: its words, as written
+        let words = kernel.spirv();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(dir.join(format!("{name}.spv")), &bytes).expect("write");
+        let got = spirv_override(&dir, name).expect("read").expect("present");
+        assert_eq!(got, words);
+        // another kernel's file does not stand in for it
+        assert!(spirv_override(&dir, Kernel::Checksum.name())
+            .expect("read")
+            .is_none());
+        // not whole words, too short, or without the magic number: refused, naming the file
+        std::fs::write(dir.join(format!("{name}.spv")), &bytes[..bytes.len() - 1]).expect("write");
+        let e = spirv_override(&dir, name)
+            .expect_err("odd length")
+            .to_string();
+        assert!(e.contains(name) && e.contains(".spv"), "{e}");
+        std::fs::write(dir.join(format!("{name}.spv")), &bytes[..16]).expect("write");
+        assert!(spirv_override(&dir, name).is_err(), "a header cut short");
+        let mut bad = bytes.clone();
+        bad[0] ^= 0xFF;
+        std::fs::write(dir.join(format!("{name}.spv")), &bad).expect("write");
+        let e = spirv_override(&dir, name)
+            .expect_err("bad magic")
+            .to_string();
+        assert!(e.contains("magic"), "{e}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }
