@@ -34,7 +34,13 @@
 // load at all). Eight rows per lane in lockstep instead of four: 8.4 (the X fetches stop
 // mattering, doubling them costs +1.5 against +2 to +5 at four rows, but the spilled
 // decoded rows take their place); quad-major order (a quad of the four rows, then the
-// tokens): no change.
+// tokens): no change. Where the time goes (perf of the JIT code, Q8_0 576x1536): 42% in the
+// texel fetch routine (31% the input fetch, 12% the weights'), most of the rest in the
+// multiply-adds, which arrive as separate vmulps and vaddps with the sums kept on the stack
+// across each fetch call. Fetching a token's 16 quads before the arithmetic, with or
+// without eight rows per lane, and a 4-row x 4-token block of sums: no arm faster on all
+// three shapes; X through an R32_SFLOAT view, four one-float fetches a quad: 0.3-0.7x
+// (benches/results/gemm-fetch-first-ab.txt).
 //
 // Defines (crates/vk/build.rs "matmul_mm"): WTYPE_*, IN_RMSNORM, OUT_MODE as matmul.comp,
 // TT (tokens per workgroup: 8, or 2 for a step of one or two tokens: a lone serving
