@@ -16,6 +16,10 @@
 // 2l + 1 of each two rounds instead of l and l + WG, and decodes them from one set of
 // texel fetches; the 2 WG chunks of two rounds are still contiguous across the lanes. An
 // odd last round (SPLIT_K 3) is taken a chunk per lane as before.
+//
+// Tried and dropped: touching the rows of the pair two or four ahead (a texel per row per
+// lane, so the group's lines are fetched before they are decoded): 0.89-0.92x decode
+// (benches/results/split-touch-ahead-ab.txt); the fetch calls, not memory, set the pace.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
