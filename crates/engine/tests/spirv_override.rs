@@ -3,7 +3,8 @@
 //! glslc and no rebuild. Here the residual-add variant of the 4-token matmul is replaced
 //! by its plain-store variant (same bindings, push constants and specialisation
 //! constants): over an output holding ones, the dispatch then stores W·x instead of
-//! adding it, and a kernel without a file in the directory still runs its own module.
+//! adding it, while a kernel without a file in the directory (the 1-token add) still runs
+//! its own module and adds.
 //!
 //! The only test in this binary, so setting the variable races with nothing.
 
@@ -16,7 +17,7 @@ use gguf::GgmlType;
 use reference::synthetic::Rng;
 use vk::{BufferView, TexelFormat};
 
-fn key(out_mode: OutMode) -> MatmulKey {
+fn key(out_mode: OutMode, tb: u32) -> MatmulKey {
     MatmulKey {
         wtype: GgmlType::Q8_0,
         in_mode: InMode::Plain,
@@ -24,7 +25,7 @@ fn key(out_mode: OutMode) -> MatmulKey {
         neox: false,
         wg: 8,
         pairs: 4,
-        tb: 4,
+        tb,
         split_k: 0,
         texel_aligned: false,
     }
@@ -32,8 +33,8 @@ fn key(out_mode: OutMode) -> MatmulKey {
 
 #[test]
 fn a_kernel_is_built_from_the_replacement_module() {
-    let add = key(OutMode::Add).kernel().unwrap();
-    let store = key(OutMode::Store).kernel().unwrap();
+    let add = key(OutMode::Add, 4).kernel().unwrap();
+    let store = key(OutMode::Store, 4).kernel().unwrap();
     assert_eq!(add.name(), "matmul.q8_0.tb4.add");
     let dir = std::env::temp_dir().join(format!("vkdecode-spirv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -70,9 +71,9 @@ fn a_kernel_is_built_from_the_replacement_module() {
         out_ld: rows as u32,
         ..Default::default()
     };
-    // Each key over an output of ones: the add key now runs the store module; the store
-    // key has no file of its own and keeps it too. Either way the ones are overwritten.
-    for k in [key(OutMode::Add), key(OutMode::Store)] {
+    // Each key over an output of ones: the 4-token add kernel now runs the store module, so
+    // the ones are overwritten; the 1-token add kernel has no file and still adds to them.
+    for (k, added) in [(key(OutMode::Add, 4), 0.0), (key(OutMode::Add, 1), 1.0)] {
         let out = upload(&ctx, "out", &vec![1f32; rows * n_tok]);
         let bindings = MatmulBindings {
             w0: &wv,
@@ -87,7 +88,8 @@ fn a_kernel_is_built_from_the_replacement_module() {
         };
         dispatch_matmul(&ctx, &mut ks, k, &bindings, push, &slots);
         let got = read_f32(&out, rows * n_tok);
-        assert_close(&format!("{:?} key", k.out_mode), &got, &want, |_| 1e-3);
+        let want: Vec<f32> = want.iter().map(|v| v + added).collect();
+        assert_close(&format!("tb{} add key", k.tb), &got, &want, |_| 1e-3);
     }
     drop(ks);
     assert_no_validation_errors(&ctx);
