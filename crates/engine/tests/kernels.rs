@@ -27,20 +27,6 @@ const TYPES: [GgmlType; 5] = [
     GgmlType::F32,
 ];
 
-fn key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
-    MatmulKey {
-        wtype: ty,
-        in_mode,
-        out_mode,
-        neox,
-        wg: 8,
-        pairs: 4,
-        tb,
-        split_k: 0,
-        texel_aligned: false,
-    }
-}
-
 /// lavapipe (the CI device) has subgroup arithmetic: the column split must be chosen
 /// there for the engine's shapes (so the tests below exercise it), and refused where the
 /// per-lane share is 0 or above the unrolled maximum.
@@ -80,7 +66,7 @@ fn column_split_is_chosen_where_the_device_allows() {
     // a split key the device cannot run is an error, not a wrong result
     let bad = MatmulKey {
         split_k: 1,
-        ..key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
+        ..row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
     };
     assert!(ks.matmul(bad).is_err());
 }
@@ -714,17 +700,17 @@ fn every_matmul_variant_builds() {
             let mut keys = Vec::new();
             for tb in kernels::MATMUL_TB {
                 // (rmsnorm, store) at TB 4: a plain q/k/v in prefill (graph.rs)
-                keys.push(key(ty, in_mode, out_mode, false, tb));
+                keys.push(row_key(ty, in_mode, out_mode, false, tb));
             }
             // the prefill GEMM (matmul_mm.comp), every epilogue ((rmsnorm, store): the
             // plain q/k/v of the families with heads.comp)
             for tt in kernels::GEMM_TT {
-                keys.push(key(ty, in_mode, out_mode, false, tt));
+                keys.push(row_key(ty, in_mode, out_mode, false, tt));
             }
             for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                 keys.push(MatmulKey {
                     split_k,
-                    ..key(ty, in_mode, out_mode, false, 1)
+                    ..row_key(ty, in_mode, out_mode, false, 1)
                 });
             }
             for k in keys {

@@ -119,17 +119,7 @@ fn new_types_are_supported_and_every_variant_builds() {
         ] {
             for tb in kernels::MATMUL_TB {
                 if out_mode != OutMode::Store || tb == 1 {
-                    let k = MatmulKey {
-                        wtype: ty,
-                        in_mode,
-                        out_mode,
-                        neox: false,
-                        wg: 8,
-                        pairs: 4,
-                        tb,
-                        split_k: 0,
-                        texel_aligned: false,
-                    };
+                    let k = row_key(ty, in_mode, out_mode, false, tb);
                     ks.matmul(k).unwrap();
                     for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                         if tb == 1 && ks.column_split(8, 64 * 8 * split_k) == split_k {

@@ -12,29 +12,19 @@ mod common;
 
 use common::gpu::*;
 use common::*;
-use engine::kernels::{InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot};
+use engine::kernels::{InMode, Kernels, MatmulBindings, MatmulPush, OutMode, Slot};
 use gguf::GgmlType;
 use reference::synthetic::Rng;
 use vk::{BufferView, TexelFormat};
 
-fn key(out_mode: OutMode, tb: u32) -> MatmulKey {
-    MatmulKey {
-        wtype: GgmlType::Q8_0,
-        in_mode: InMode::Plain,
-        out_mode,
-        neox: false,
-        wg: 8,
-        pairs: 4,
-        tb,
-        split_k: 0,
-        texel_aligned: false,
-    }
-}
-
 #[test]
 fn a_kernel_is_built_from_the_replacement_module() {
-    let add = key(OutMode::Add, 4).kernel().unwrap();
-    let store = key(OutMode::Store, 4).kernel().unwrap();
+    let add = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
+        .kernel()
+        .unwrap();
+    let store = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, false, 4)
+        .kernel()
+        .unwrap();
     assert_eq!(add.name(), "matmul.q8_0.tb4.add");
     let dir = std::env::temp_dir().join(format!("vkdecode-spirv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -73,7 +63,16 @@ fn a_kernel_is_built_from_the_replacement_module() {
     };
     // Each key over an output of ones: the 4-token add kernel now runs the store module, so
     // the ones are overwritten; the 1-token add kernel has no file and still adds to them.
-    for (k, added) in [(key(OutMode::Add, 4), 0.0), (key(OutMode::Add, 1), 1.0)] {
+    for (k, added) in [
+        (
+            row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4),
+            0.0,
+        ),
+        (
+            row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 1),
+            1.0,
+        ),
+    ] {
         let out = upload(&ctx, "out", &vec![1f32; rows * n_tok]);
         let bindings = MatmulBindings {
             w0: &wv,

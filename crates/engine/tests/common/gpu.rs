@@ -15,6 +15,22 @@ use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, Te
 
 use super::{read_f32, step_buffer, upload, zeros};
 
+/// A matmul key of 8-lane workgroups with 4 row pairs, lanes owning rows (no column
+/// split), `tb` tokens per invocation (1 or 4: matmul.comp; 8 or 2: the GEMM's tile).
+pub fn row_key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
+    MatmulKey {
+        wtype: ty,
+        in_mode,
+        out_mode,
+        neox,
+        wg: 8,
+        pairs: 4,
+        tb,
+        split_k: 0,
+        texel_aligned: false,
+    }
+}
+
 /// The unit roundoff of f32, 2^-24.
 pub const U: f32 = 1.0 / 16_777_216.0;
 /// How many times n·u·Σ|w·x| the GPU and the reference may differ (each may be off by
