@@ -264,6 +264,14 @@ impl Pipeline {
                 ctx.caps().max_push_constants_size
             )));
         }
+        // read before any handle exists, so an unreadable replacement leaks nothing
+        let replaced = match std::env::var_os(SPIRV_DIR_ENV) {
+            Some(dir) => spirv_override(Path::new(&dir), kernel)?,
+            None => None,
+        };
+        if replaced.is_some() {
+            tracing::warn!(kernel, "SPIR-V replaced from {SPIRV_DIR_ENV}");
+        }
         let dev = ctx.device();
         let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.n_bindings)
             .map(|b| {
@@ -298,13 +306,6 @@ impl Pipeline {
         // SAFETY: valid create info referencing a live set layout.
         let layout =
             unsafe { dev.create_pipeline_layout(&pl_info, None) }.call("vkCreatePipelineLayout")?;
-        let replaced = match std::env::var_os(SPIRV_DIR_ENV) {
-            Some(dir) => spirv_override(Path::new(&dir), kernel)?,
-            None => None,
-        };
-        if replaced.is_some() {
-            tracing::warn!(kernel, "SPIR-V replaced from {SPIRV_DIR_ENV}");
-        }
         let code: &[u32] = replaced.as_deref().unwrap_or_else(|| desc.kernel.spirv());
         let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
         // SAFETY: `code` is SPIR-V produced by glslc at build time, unless a developer set
