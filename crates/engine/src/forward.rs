@@ -46,10 +46,20 @@ pub struct Recorder<'a> {
 
 impl Recorder<'_> {
     /// The whole pass; `dump` copies the residual after every layer into `layer_dump`.
+    ///
+    /// A prompt chunk that is not the last (`Head::None`) leaves behind only the caches:
+    /// the next chunk starts again from the embedding. So its last layer stops once its
+    /// keys and values are written (llama.cpp likewise computes the last layer's rest only
+    /// for the rows whose logits it wants), unless the residuals are dumped.
     pub fn forward(&mut self, head: Head, dump: bool) -> Result<(), EngineError> {
         self.begin_profile();
         self.embed()?;
-        for l in 0..self.model.layers.len() {
+        let n_layers = self.model.layers.len();
+        for l in 0..n_layers {
+            if head == Head::None && !dump && l + 1 == n_layers {
+                self.layer_kv(l)?;
+                break;
+            }
             self.layer(l)?;
             if dump {
                 self.dump_residual(l);
@@ -93,12 +103,7 @@ impl Recorder<'_> {
     pub fn layer(&mut self, l: usize) -> Result<(), EngineError> {
         let model = self.model;
         let layer = &model.layers[l];
-        // q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] = Wv·rmsnorm(x)
-        self.matmuls(&layer.qkv)?;
-        // (plain q/k/v) + biases, per-head norms, rope, cache writes
-        if let Some(h) = &layer.heads {
-            self.heads(l, h)?;
-        }
+        self.layer_kv(l)?;
         // att_out = softmax(q·K^T·scale)·V over the layer's window of positions ..=pos
         let push = layer.attention_push;
         let attention = self
@@ -125,6 +130,19 @@ impl Recorder<'_> {
         self.matmuls(&layer.ffn_down)?;
         if let Some(p) = &layer.post_ffn {
             self.post_norm(p, || format!("blk.{l}.post_ffw_norm"))?;
+        }
+        Ok(())
+    }
+
+    /// The start of layer `l` that fills its caches: q, and the keys and values of the
+    /// batch's positions.
+    fn layer_kv(&mut self, l: usize) -> Result<(), EngineError> {
+        let layer = &self.model.layers[l];
+        // q = rope(Wq·rmsnorm(x)); k_cache[pos] = rope(Wk·rmsnorm(x)); v_cache[pos] = Wv·rmsnorm(x)
+        self.matmuls(&layer.qkv)?;
+        // (plain q/k/v) + biases, per-head norms, rope, cache writes
+        if let Some(h) = &layer.heads {
+            self.heads(l, h)?;
         }
         Ok(())
     }
