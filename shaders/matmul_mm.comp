@@ -40,7 +40,10 @@
 // across each fetch call. Fetching a token's 16 quads before the arithmetic, with or
 // without eight rows per lane, and a 4-row x 4-token block of sums: no arm faster on all
 // three shapes; X through an R32_SFLOAT view, four one-float fetches a quad: 0.3-0.7x
-// (benches/results/gemm-fetch-first-ab.txt).
+// (benches/results/gemm-fetch-first-ab.txt). X as a storage texel buffer (imageBuffer,
+// imageLoad): 1.03x a whole prefill, within the noise; 16 lanes a workgroup on 16-lane
+// subgroups (LP_NATIVE_VECTOR_WIDTH=512, AVX-512): 0.93x
+// (benches/results/issue14-more-levers.txt).
 //
 // Defines (crates/vk/build.rs "matmul_mm"): WTYPE_*, IN_RMSNORM, OUT_MODE as matmul.comp,
 // TT (tokens per workgroup: 8, or 2 for a step of one or two tokens: a lone serving
