@@ -5,13 +5,13 @@
 //!   that position within TOL = 0.002, for prompts of 1, 63, 64, 65, 511 and 1500 tokens.
 //!   One token-by-token pass over the longest prompt gives the reference logits of every
 //!   shorter prompt (a prefix's last position); each prompt is then prefilled on a fresh
-//!   session, so every cache row it reads is one its own chunks wrote. Per type, to keep CI time in check (a
-//!   token-by-token pass on lavapipe costs about 25 ms a token on a quiet machine): Q8_0
-//!   (the default model) runs every length up to 1500; Q4_1 up to 511 (both together took
-//!   15 min on a machine with load average ~14 on 2 cores; the largest difference seen
-//!   was 1.3e-4, at Q4_1's 1-token prompt). The other types
-//!   are covered by the kernel tests (here and tests/kernels.rs, whose prefill keys are
-//!   the GEMM's).
+//!   session, so every cache row it reads is one its own chunks wrote. Per type, to keep
+//!   CI time in check (a token-by-token pass on lavapipe costs about 25 ms a token on a
+//!   quiet machine): Q8_0 (the default model) runs every length up to 1500; Q4_1 up to
+//!   511 (both together took 15 min on a machine with load average ~14 on 2 cores; the
+//!   largest difference seen was 1.3e-4, at Q4_1's 1-token prompt). The other types are
+//!   covered by the kernel tests (here and tests/kernels.rs, whose prefill keys are the
+//!   GEMM's).
 //! - Kernel: the GEMM against `reference::kernels::matmul` for every weight type at
 //!   shapes that leave partial tiles: rows not a multiple of the 128-row tile, token counts
 //!   not a multiple of the 8-token tile, several tiles in y, a word offset.
