@@ -101,8 +101,10 @@ fn tiny_model_layers_and_logits_match_reference() {
             );
         }
 
-        // GPU prefill path: the whole prompt in one batch
-        s.reset();
+        // GPU prefill path: the whole prompt in one batch, on a session of its own (a reset
+        // keeps the cache rows the decode pass wrote, which would hide a missing write)
+        drop(s);
+        let mut s = session(&ctx, &path);
         let mut layers = Vec::new();
         let logits = s
             .forward_observed(&prompt, &mut |_, x| layers.push(x.to_vec()))
@@ -125,7 +127,8 @@ fn tiny_model_layers_and_logits_match_reference() {
         );
 
         // and the plain entry points agree with the observed ones
-        s.reset();
+        drop(s);
+        let mut s = session(&ctx, &path);
         s.prefill(&prompt).unwrap();
         let l2 = s.last_logits().unwrap().to_vec();
         assert_close(
