@@ -163,12 +163,12 @@ fn three_prompts(name: &str) {
         [6403, 1980, 253, 655],
         "tokenizer ids of \"Once upon a time\""
     );
+    let fresh = || session(&ctx, &file, WeightsMode::Auto);
     for (prompt, label) in [
         (&FRANCE[..], "France"),
         (&once[..], "Once upon a time"),
         (&FIB[..], "fibonacci"),
     ] {
-        let fresh = || session(&ctx, &file, WeightsMode::Auto);
         check_prompt(&fresh, &model, prompt, 32, &format!("{name} {label}"));
     }
     assert_no_validation_errors(&ctx);
