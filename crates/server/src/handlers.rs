@@ -264,9 +264,15 @@ async fn whole_answer(head: Head, mut rx: UnboundedReceiver<JobEvent>) -> Respon
                 return (StatusCode::OK, axum::Json(body)).into_response();
             }
             Some(JobEvent::Error(msg)) => return error_for(msg).into_response(),
-            None => return ApiError::internal("the engine dropped the request").into_response(),
+            None => return dropped().into_response(),
         }
     }
+}
+
+/// A job's channel closed unanswered: the engine thread ended (it drops its queue when it
+/// stops), so the service is unavailable rather than broken by this request.
+fn dropped() -> ApiError {
+    ApiError::unavailable("the engine stopped before answering (see the server's log)")
 }
 
 /// A failure the engine reported: shutting down is a 503, the rest a 500.
@@ -354,7 +360,7 @@ fn stream_answer(head: Head, rx: UnboundedReceiver<JobEvent>, include_usage: boo
                 }
                 None => {
                     s.ended = true;
-                    break sse(&ApiError::internal("the engine dropped the request").body());
+                    break sse(&dropped().body());
                 }
             }
         };

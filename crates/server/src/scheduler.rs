@@ -103,6 +103,11 @@ impl Scheduler {
 
     /// Queues `job`, or says why not (the queue is full, the engine has stopped).
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        // a stopped engine thread may not have dropped its queue yet: a job sent now
+        // would be dropped unanswered
+        if self.engine_stopped() {
+            return Err(SubmitError::Stopped);
+        }
         // counted before the send so the engine thread's decrement never underflows
         Metrics::add(&self.metrics.queue_len, 1);
         match self.queue.try_send(job) {
@@ -202,14 +207,16 @@ impl<E: SlotEngine> Loop<E> {
                 .and_then(|()| self.step().map_err(|e| e.to_string()))
             {
                 // the engine as a whole failed (a lost device, the model file changed):
-                // every request ends, and the thread stops (new requests get 503)
+                // every request ends, and the thread stops (new requests get 503).
+                // Marked stopped before any request hears of it, so a client that reads
+                // its error and then asks /health is already told 503.
                 warn!("the engine stopped: {e}");
+                self.stopped.store(true, Ordering::SeqCst);
                 let msg = format!("the engine stopped: {e}");
                 for r in self.slots.iter_mut().filter_map(Option::take) {
                     let _ = r.job.events.send(JobEvent::Error(msg.clone()));
                 }
                 self.fail_queue(&rx, &msg);
-                self.stopped.store(true, Ordering::SeqCst);
                 return;
             }
             self.metrics.set_busy(self.engine.busy() as u64);
@@ -374,4 +381,116 @@ impl<E: SlotEngine> Loop<E> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Admission, StepReport};
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    /// One slot that takes any prompt and never finishes: steps only spin the loop.
+    struct NeverDone {
+        busy: bool,
+    }
+
+    impl SlotEngine for NeverDone {
+        fn n_slots(&self) -> usize {
+            1
+        }
+        fn ctx_per_slot(&self) -> usize {
+            64
+        }
+        fn busy(&self) -> usize {
+            usize::from(self.busy)
+        }
+        fn pick_slot(&self, _: &[u32]) -> Option<usize> {
+            (!self.busy).then_some(0)
+        }
+        fn submit(&mut self, _: usize, req: Request) -> Result<Admission, GenerateError> {
+            self.busy = true;
+            Ok(Admission {
+                reused: 0,
+                to_prefill: req.prompt.len(),
+            })
+        }
+        fn cancel(&mut self, _: usize) {
+            self.busy = false;
+        }
+        fn step(&mut self, _: &mut dyn FnMut(SlotEvent<'_>)) -> Result<StepReport, GenerateError> {
+            std::thread::yield_now();
+            Ok(StepReport::default())
+        }
+    }
+
+    fn job() -> (Job, UnboundedReceiver<JobEvent>) {
+        let (events, rx) = unbounded_channel();
+        let job = Job {
+            prompt: vec![1, 2, 3],
+            max_tokens: 4,
+            stop: Vec::new(),
+            ignore_eos: false,
+            sampler: Default::default(),
+            events,
+            queued_at: Instant::now(),
+        };
+        (job, rx)
+    }
+
+    /// A client told that the engine stopped finds /health and new requests refused at
+    /// once: the stop is marked before the first request hears of it (CI once saw a 200
+    /// from /health right after the 503 that reported a rewritten model file).
+    #[test]
+    fn a_failed_guard_is_marked_stopped_before_any_request_hears_of_it() {
+        const QUEUED: usize = 4000;
+        let armed = Arc::new(AtomicBool::new(false));
+        let guard: Guard = {
+            let armed = armed.clone();
+            Box::new(move || match armed.load(Ordering::SeqCst) {
+                true => Err("the model file changed while mapped".into()),
+                false => Ok(()),
+            })
+        };
+        let (sched, (), thread) = Scheduler::spawn(
+            || Ok((NeverDone { busy: false }, ())),
+            QUEUED + 1,
+            Arc::new(Metrics::default()),
+            Some(guard),
+        )
+        .unwrap();
+        let (running, mut running_rx) = job();
+        sched.submit(running).unwrap();
+        // the running job is admitted; the rest wait in the queue, and are told after it
+        while sched.metrics.queue_len.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        let queued: Vec<_> = (0..QUEUED)
+            .map(|_| {
+                let (j, rx) = job();
+                sched.submit(j).unwrap();
+                rx
+            })
+            .collect();
+        armed.store(true, Ordering::SeqCst);
+
+        match running_rx.blocking_recv() {
+            Some(JobEvent::Error(e)) => assert!(e.contains("changed while mapped"), "{e}"),
+            other => panic!("the running job got {other:?}"),
+        }
+        assert!(
+            sched.engine_stopped(),
+            "told the client before marking the stop"
+        );
+        let (late, mut late_rx) = job();
+        assert_eq!(sched.submit(late), Err(SubmitError::Stopped));
+        assert!(late_rx.try_recv().is_err(), "a refused job gets no event");
+
+        thread.join().unwrap();
+        for mut rx in queued {
+            match rx.try_recv() {
+                Ok(JobEvent::Error(e)) => assert!(e.contains("engine stopped"), "{e}"),
+                other => panic!("a queued job got {other:?}"),
+            }
+        }
+    }
 }
