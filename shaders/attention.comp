@@ -1,7 +1,9 @@
 #version 450
 // Causal attention of a batch of tokens over the KV cache, with grouped-query heads.
 // CPU twin: reference::kernels::attention_ext (softmax(q·K^T · scale) · V).
-// One workgroup per (head, token); token t sits at position STEP_POS(t) and attends to
+// One workgroup per (head, token) for the batch's tokens t0.. (workgroup row y is token
+// t = t0 + y, and writes row y of out: t0 > 0 when only a prompt's last token goes on
+// past the keys and values, forward.rs); token t sits at position STEP_POS(t) and attends to
 // positions first..=STEP_POS(t) of its own slot, whose keys and values are already in the
 // caches (rows STEP_ROW(t) - STEP_POS(t) onwards: a batch may mix slots); first is 0, or
 // STEP_POS(t) - window + 1 for a sliding-window layer (gemma3's local layers).
@@ -33,13 +35,14 @@ layout(set = 0, binding = 2) uniform samplerBuffer vc4;                       //
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float outv[]; }; // [n_tok][n_heads*head_dim]
 STEP_BUFFER(4)
 
-// Rust twin: engine::kernels::AttentionPush (20 bytes).
+// Rust twin: engine::kernels::AttentionPush (24 bytes).
 layout(push_constant) uniform Push {
     uint n_heads;
     uint n_kv_heads;
     uint head_dim;  // 4 * HQ
     float scale;    // the score scale (1 / sqrt(head_dim) unless the model says otherwise)
     uint window;    // positions a query sees, itself included (0: all)
+    uint t0;        // the batch's first token that runs (workgroup row 0)
 } pc;
 
 // Each lane's running maximum, sum of weights and weighted sum of values.
@@ -49,7 +52,7 @@ shared vec4 part_o[gl_WorkGroupSize.x * HQ];
 
 void main() {
     uint h = gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.y;
+    uint t = pc.t0 + gl_WorkGroupID.y;
     uint l = gl_LocalInvocationID.x;
     uint wg = gl_WorkGroupSize.x;
     uint kv_q = pc.n_kv_heads * HQ;  // quads per cache position
@@ -58,6 +61,7 @@ void main() {
     uint first = (pc.window != 0u && n_pos > pc.window) ? n_pos - pc.window : 0u;
     uint row0 = STEP_ROW(t) - STEP_POS(t);  // the slot's first cache row
     uint qo = (t * pc.n_heads + h) * HQ;
+    uint oo = (gl_WorkGroupID.y * pc.n_heads + h) * HQ;  // its quads in out
 
     // q, pre-scaled (the loops below have constant trip counts, so these stay registers)
     vec4 qv[HQ];
@@ -111,7 +115,7 @@ void main() {
             acc = fma(part_o[i * HQ + j], vec4(exp(part_m[i] - big)), acc);
         }
         acc *= inv;
-        uint d = 4u * (qo + j);
+        uint d = 4u * (oo + j);
         outv[d] = acc.x;
         outv[d + 1u] = acc.y;
         outv[d + 2u] = acc.z;

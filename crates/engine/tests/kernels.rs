@@ -558,6 +558,8 @@ fn embedding_gather_matches_reference_for_every_type() {
 
 /// Causal GQA attention of a batch over the cache: fewer positions than lanes (lanes with
 /// nothing to do), and many (each lane's running maximum grows and rescales its sums).
+/// Each batch runs whole (t0 = 0) and for its last token alone (t0 = n_tok - 1, which
+/// writes row 0 of out, as a prompt's last layer does for its last token).
 #[test]
 fn attention_matches_reference() {
     let Some(ctx) = ctx() else { return };
@@ -577,57 +579,68 @@ fn attention_matches_reference() {
             upload(&ctx, "k", &kc),
             upload(&ctx, "v", &vc),
         );
-        let out = zeros(&ctx, "out", n_tok * q_dim);
         let step = step_buffer(&ctx, pos0, &[], &[]);
         let (qv4, kv4, vv4) = (xview(&ctx, &qb), xview(&ctx, &kb), xview(&ctx, &vb));
         let p = ks.attention(hd as u32).unwrap();
-        let set = p
-            .descriptor_set_with(
-                &AttentionBindings {
-                    q: &qv4,
-                    k_cache: &kv4,
-                    v_cache: &vv4,
-                    out: out.binding(),
-                    step: step.binding(),
-                }
-                .descriptors(),
-            )
-            .unwrap();
-        let push = AttentionPush {
-            n_heads: n_heads as u32,
-            n_kv_heads: n_kv as u32,
-            head_dim: hd as u32,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: 0,
-        };
-        run(
-            &ctx,
-            p,
-            &set,
-            bytemuck::bytes_of(&push),
-            [n_heads as u32, n_tok as u32, 1],
-        );
-        let got = read_f32(&out, n_tok * q_dim);
-        for t in 0..n_tok {
-            let n_pos = pos0 as usize + t + 1;
-            let mut want = vec![0.0; q_dim];
-            rk::attention(
-                &q[t * q_dim..(t + 1) * q_dim],
-                &kc,
-                &vc,
-                n_heads,
-                n_kv,
-                hd,
-                n_pos,
-                &mut want,
+        for t0 in [0, n_tok - 1] {
+            let out = zeros(&ctx, "out", n_tok * q_dim);
+            let set = p
+                .descriptor_set_with(
+                    &AttentionBindings {
+                        q: &qv4,
+                        k_cache: &kv4,
+                        v_cache: &vv4,
+                        out: out.binding(),
+                        step: step.binding(),
+                    }
+                    .descriptors(),
+                )
+                .unwrap();
+            let push = AttentionPush {
+                n_heads: n_heads as u32,
+                n_kv_heads: n_kv as u32,
+                head_dim: hd as u32,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: 0,
+                t0: t0 as u32,
+            };
+            let rows = n_tok - t0;
+            run(
+                &ctx,
+                p,
+                &set,
+                bytemuck::bytes_of(&push),
+                [n_heads as u32, rows as u32, 1],
             );
-            // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5 relative
-            // after exp) into a convex combination of values bounded by 1: 1e-5 absolute
-            assert_close(
-                &format!("attention hd={hd} pos0={pos0} token {t}"),
-                &got[t * q_dim..(t + 1) * q_dim],
-                &want,
-                |_| 1e-5,
+            let got = read_f32(&out, n_tok * q_dim);
+            for t in t0..n_tok {
+                let n_pos = pos0 as usize + t + 1;
+                let mut want = vec![0.0; q_dim];
+                rk::attention(
+                    &q[t * q_dim..(t + 1) * q_dim],
+                    &kc,
+                    &vc,
+                    n_heads,
+                    n_kv,
+                    hd,
+                    n_pos,
+                    &mut want,
+                );
+                // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5
+                // relative after exp) into a convex combination of values bounded by 1:
+                // 1e-5 absolute
+                let r = t - t0;
+                assert_close(
+                    &format!("attention hd={hd} pos0={pos0} t0={t0} token {t}"),
+                    &got[r * q_dim..(r + 1) * q_dim],
+                    &want,
+                    |_| 1e-5,
+                );
+            }
+            // rows past the tokens that ran are left alone
+            assert!(
+                got[rows * q_dim..].iter().all(|&v| v == 0.0),
+                "t0={t0}: rows past the {rows} that ran were written"
             );
         }
     }

@@ -349,6 +349,7 @@ fn windowed_attention_matches_reference() {
             head_dim: hd as u32,
             scale,
             window: window as u32,
+            t0: 0,
         };
         run(
             &ctx,

@@ -16,8 +16,11 @@ pub struct AttentionPush {
     pub scale: f32,
     /// Positions a query sees, itself included (a sliding-window layer); 0: every one.
     pub window: u32,
+    /// The batch's first token whose query runs: workgroup row `y` is token `t0 + y` and
+    /// writes row `y` of `out` (0 but for a prompt whose last token alone goes on).
+    pub t0: u32,
 }
-const _: () = assert!(std::mem::size_of::<AttentionPush>() == 20);
+const _: () = assert!(std::mem::size_of::<AttentionPush>() == 24);
 
 /// Bindings of `attention.comp`: q, k cache, v cache, out, step.
 pub const ATTENTION_BINDINGS: u32 = 5;

@@ -93,6 +93,7 @@ pub(super) fn attention_push(cfg: &Config, l: usize) -> Result<AttentionPush, En
             .layer_attention(l)
             .window
             .map_or(0, |w| u32::try_from(w).unwrap_or(0)),
+        t0: 0,
     })
 }
 
