@@ -38,6 +38,8 @@ pub struct Recorder<'a> {
     pub acts: &'a Activations,
     pub cfg: &'a Config,
     pub ctx_len: usize,
+    /// Tokens in the batch, and the batch kind (the kernels' shapes); the last layer's
+    /// tail for the last token turns them into one token of a decode step.
     pub n_tok: u32,
     pub batch: Batch,
     /// Timestamp after every dispatch, and the dispatch names, when profiling.
@@ -47,17 +49,24 @@ pub struct Recorder<'a> {
 impl Recorder<'_> {
     /// The whole pass; `dump` copies the residual after every layer into `layer_dump`.
     ///
-    /// A prompt chunk that is not the last (`Head::None`) leaves behind only the caches:
-    /// the next chunk starts again from the embedding. So its last layer stops once its
-    /// keys and values are written (llama.cpp likewise computes the last layer's rest only
-    /// for the rows whose logits it wants), unless the residuals are dumped.
+    /// Past its keys and values, the last layer computes only the rows whose result is
+    /// used (llama.cpp likewise computes the last layer's rest only for the rows whose
+    /// logits it wants), unless the residuals are dumped:
+    /// - a prompt chunk that is not the last (`Head::None`) leaves behind only the
+    ///   caches (the next chunk starts again from the embedding), so its last layer stops
+    ///   once its keys and values are written;
+    /// - the logits are the last token's, so the last layer's rest runs for that token
+    ///   alone ([`Recorder::last_token_rest`]).
     pub fn forward(&mut self, head: Head, dump: bool) -> Result<(), EngineError> {
         self.begin_profile();
         self.embed()?;
         let n_layers = self.model.layers.len();
         for l in 0..n_layers {
-            if head == Head::None && !dump && l + 1 == n_layers {
+            if !dump && l + 1 == n_layers {
                 self.layer_kv(l)?;
+                if head == Head::LogitsArgmax {
+                    self.last_token_rest(l)?;
+                }
                 break;
             }
             self.layer(l)?;
@@ -101,24 +110,63 @@ impl Recorder<'_> {
 
     /// One decoder layer.
     pub fn layer(&mut self, l: usize) -> Result<(), EngineError> {
-        let model = self.model;
-        let layer = &model.layers[l];
         self.layer_kv(l)?;
-        // att_out = softmax(q·K^T·scale)·V over the layer's window of positions ..=pos
-        let push = layer.attention_push;
+        self.attention(l, 0)?;
+        self.after_named(|| format!("blk.{l}.attention"));
+        self.layer_rest(l)
+    }
+
+    /// The rest of layer `l` past its keys and values for the batch's last token alone,
+    /// as a one-token decode step runs it: the token's attention row goes to row 0 of
+    /// att_out, its residual is copied to row 0 of x, and the batch becomes that one token
+    /// (the decode kernels, row 0 everywhere, the head reading row 0).
+    fn last_token_rest(&mut self, l: usize) -> Result<(), EngineError> {
+        let last = self.n_tok - 1;
+        self.attention(l, last)?;
+        if last > 0 {
+            // the copy only touches x, which attention does not read: one barrier for both
+            let row = (self.cfg.dim * 4) as u64;
+            self.cmd.copy_buffer(
+                &self.acts.x,
+                &self.acts.x,
+                &[(u64::from(last) * row, 0, row)],
+            );
+        }
+        self.after_named(|| format!("blk.{l}.attention"));
+        self.n_tok = 1;
+        self.batch = Batch::Decode;
+        self.layer_rest(l)
+    }
+
+    /// att_out[t - t0] = softmax(q[t]·K^T·scale)·V over layer `l`'s window of positions
+    /// ..=pos(t), for the batch's tokens t0.. (no barrier after it).
+    fn attention(&mut self, l: usize, t0: u32) -> Result<(), EngineError> {
+        let layer = &self.model.layers[l];
+        let push = kernels::AttentionPush {
+            t0,
+            ..layer.attention_push
+        };
         let attention = self
             .kernels
             .attention_ref(push.head_dim)
             .ok_or_else(|| missing("attention"))?;
-        let need = u64::from(self.n_tok) * u64::from(push.n_heads * push.head_dim) * 4;
+        let rows = self.n_tok - t0;
+        let need = u64::from(rows) * u64::from(push.n_heads * push.head_dim) * 4;
         check_fits("attention", "att_out", need, self.acts.att_out.size())?;
         self.cmd.dispatch(
             attention,
             &layer.attention,
             bytemuck::bytes_of(&push),
-            [self.cfg.n_heads as u32, self.n_tok, 1],
+            [self.cfg.n_heads as u32, rows, 1],
         );
-        self.after_named(|| format!("blk.{l}.attention"));
+        Ok(())
+    }
+
+    /// Layer `l` after its attention: the output projection, the feed-forward block, and
+    /// the post-norms of the families that have them.
+    fn layer_rest(&mut self, l: usize) -> Result<(), EngineError> {
+        let model = self.model;
+        let layer = &model.layers[l];
         // x += Wo·att_out (post-norm families: y = Wo·att_out; x += rmsnorm(y)∘w)
         self.matmuls(&layer.attn_output)?;
         if let Some(p) = &layer.post_attn {
