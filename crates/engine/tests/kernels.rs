@@ -574,28 +574,7 @@ fn attention_matches_reference() {
         let q = rng.vec(n_tok * q_dim, 2.0);
         let kc = rng.vec(ctx_len * kv_dim, 2.0);
         let vc = rng.vec(ctx_len * kv_dim, 1.0);
-        let (qb, kb, vb) = (
-            upload(&ctx, "q", &q),
-            upload(&ctx, "k", &kc),
-            upload(&ctx, "v", &vc),
-        );
-        let step = step_buffer(&ctx, pos0, &[], &[]);
-        let (qv4, kv4, vv4) = (xview(&ctx, &qb), xview(&ctx, &kb), xview(&ctx, &vb));
-        let p = ks.attention(hd as u32).unwrap();
         for t0 in [0, n_tok - 1] {
-            let out = zeros(&ctx, "out", n_tok * q_dim);
-            let set = p
-                .descriptor_set_with(
-                    &AttentionBindings {
-                        q: &qv4,
-                        k_cache: &kv4,
-                        v_cache: &vv4,
-                        out: out.binding(),
-                        step: step.binding(),
-                    }
-                    .descriptors(),
-                )
-                .unwrap();
             let push = AttentionPush {
                 n_heads: n_heads as u32,
                 n_kv_heads: n_kv as u32,
@@ -604,15 +583,7 @@ fn attention_matches_reference() {
                 window: 0,
                 t0: t0 as u32,
             };
-            let rows = n_tok - t0;
-            run(
-                &ctx,
-                p,
-                &set,
-                bytemuck::bytes_of(&push),
-                [n_heads as u32, rows as u32, 1],
-            );
-            let got = read_f32(&out, n_tok * q_dim);
+            let got = run_attention(&ctx, &mut ks, &push, pos0, n_tok, &q, &kc, &vc);
             for t in t0..n_tok {
                 let n_pos = pos0 as usize + t + 1;
                 let mut want = vec![0.0; q_dim];
@@ -637,7 +608,7 @@ fn attention_matches_reference() {
                     |_| 1e-5,
                 );
             }
-            // rows past the tokens that ran are left alone
+            let rows = n_tok - t0;
             assert!(
                 got[rows * q_dim..].iter().all(|&v| v == 0.0),
                 "t0={t0}: rows past the {rows} that ran were written"

@@ -11,26 +11,15 @@
 
 mod common;
 
-use std::sync::Arc;
-
+use common::gpu::{run, run_attention};
 use common::*;
 use engine::kernels::{
-    self, AttentionBindings, AttentionPush, HeadsBindings, HeadsPush, Kernels, PostNormBindings,
-    PostNormPush, SoftcapBindings, SoftcapPush, HEADS_BIAS, HEADS_NEOX, HEADS_NORM, STEP_FREQS_MAX,
+    self, AttentionPush, HeadsBindings, HeadsPush, Kernels, PostNormBindings, PostNormPush,
+    SoftcapBindings, SoftcapPush, HEADS_BIAS, HEADS_NEOX, HEADS_NORM, STEP_FREQS_MAX,
 };
 use reference::kernels as rk;
 use reference::synthetic::Rng;
 use reference::RopeMode;
-use vk::{BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
-
-fn run(ctx: &Arc<Context>, p: &Pipeline, set: &DescriptorSet, push: &[u8], groups: [u32; 3]) {
-    let mut cmd = CommandBuffer::new(ctx).unwrap();
-    cmd.begin().unwrap();
-    cmd.dispatch(p, set, push, groups);
-    cmd.host_barrier();
-    cmd.end().unwrap();
-    ctx.submit_and_wait(&cmd).unwrap();
-}
 
 fn assert_near(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -320,29 +309,6 @@ fn windowed_attention_matches_reference() {
         let q = rng.vec(n_tok * q_dim, 2.0);
         let kc = rng.vec(ctx_len * kv_dim, 2.0);
         let vc = rng.vec(ctx_len * kv_dim, 1.0);
-        let (qb, kb, vb) = (
-            upload(&ctx, "q", &q),
-            upload(&ctx, "k", &kc),
-            upload(&ctx, "v", &vc),
-        );
-        let out = zeros(&ctx, "out", n_tok * q_dim);
-        let step = step_buffer(&ctx, pos0, &[], &[]);
-        let view =
-            |b: &vk::Buffer| BufferView::new(&ctx, b.binding(), TexelFormat::Rgba32Float).unwrap();
-        let (qv4, kv4, vv4) = (view(&qb), view(&kb), view(&vb));
-        let p = ks.attention(hd as u32).unwrap();
-        let set = p
-            .descriptor_set_with(
-                &AttentionBindings {
-                    q: &qv4,
-                    k_cache: &kv4,
-                    v_cache: &vv4,
-                    out: out.binding(),
-                    step: step.binding(),
-                }
-                .descriptors(),
-            )
-            .unwrap();
         let push = AttentionPush {
             n_heads: n_heads as u32,
             n_kv_heads: n_kv as u32,
@@ -351,14 +317,7 @@ fn windowed_attention_matches_reference() {
             window: window as u32,
             t0: 0,
         };
-        run(
-            &ctx,
-            p,
-            &set,
-            bytemuck::bytes_of(&push),
-            [n_heads as u32, n_tok as u32, 1],
-        );
-        let got = read_f32(&out, n_tok * q_dim);
+        let got = run_attention(&ctx, &mut ks, &push, pos0, n_tok, &q, &kc, &vc);
         for t in 0..n_tok {
             let n_pos = pos0 as usize + t + 1;
             let first = n_pos.saturating_sub(window);

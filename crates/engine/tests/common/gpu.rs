@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use engine::kernels::{
-    self, EmbedBindings, EmbedPush, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush,
-    OutMode, Slot,
+    self, AttentionBindings, AttentionPush, EmbedBindings, EmbedPush, InMode, Kernels,
+    MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
 use engine::model::{Batch, MatmulVariant};
 use gguf::GgmlType;
@@ -90,6 +90,53 @@ pub fn weight_view(
 /// The activation texel view (RGBA32F) of a buffer.
 pub fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
     BufferView::new(ctx, b.binding(), TexelFormat::Rgba32Float).unwrap()
+}
+
+/// attention.comp over a batch of `n_tok` query rows `q` at positions `pos0..`, the caches
+/// `kc` and `vc` holding positions from 0; the batch's tokens from `push.t0` run. Returns
+/// all `n_tok` rows of out (rows past the ones that ran stay 0).
+#[allow(clippy::too_many_arguments)]
+pub fn run_attention(
+    ctx: &Arc<Context>,
+    ks: &mut Kernels,
+    push: &AttentionPush,
+    pos0: u32,
+    n_tok: usize,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+) -> Vec<f32> {
+    let q_dim = (push.n_heads * push.head_dim) as usize;
+    let (qb, kb, vb) = (
+        upload(ctx, "q", q),
+        upload(ctx, "k", kc),
+        upload(ctx, "v", vc),
+    );
+    let out = zeros(ctx, "out", n_tok * q_dim);
+    let step = step_buffer(ctx, pos0, &[], &[]);
+    let (qv4, kv4, vv4) = (xview(ctx, &qb), xview(ctx, &kb), xview(ctx, &vb));
+    let p = ks.attention(push.head_dim).unwrap();
+    let set = p
+        .descriptor_set_with(
+            &AttentionBindings {
+                q: &qv4,
+                k_cache: &kv4,
+                v_cache: &vv4,
+                out: out.binding(),
+                step: step.binding(),
+            }
+            .descriptors(),
+        )
+        .unwrap();
+    let rows = n_tok as u32 - push.t0;
+    run(
+        ctx,
+        p,
+        &set,
+        bytemuck::bytes_of(push),
+        [push.n_heads, rows, 1],
+    );
+    read_f32(&out, n_tok * q_dim)
 }
 
 /// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
