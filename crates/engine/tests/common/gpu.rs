@@ -1,7 +1,7 @@
-//! Shared scaffolding of the GPU kernel tests (kernels.rs, kernels_k.rs, kernels_types.rs,
-//! prefill_gemm.rs): one dispatch, weight and activation views, the engine's own keys,
-//! a matmul or embedding gather through the engine's binding structs, and the written-down
-//! tolerance check.
+//! Shared scaffolding of the GPU kernel tests (kernels.rs, kernels_arch.rs, kernels_k.rs,
+//! kernels_types.rs, prefill_gemm.rs): one dispatch, weight and activation views, the
+//! engine's own keys, a matmul, embedding gather or attention through the engine's binding
+//! structs, and the written-down tolerance check.
 
 use std::sync::Arc;
 
