@@ -585,18 +585,7 @@ fn attention_matches_reference() {
             };
             let got = run_attention(&ctx, &mut ks, &push, pos0, n_tok, &q, &kc, &vc);
             for t in t0..n_tok {
-                let n_pos = pos0 as usize + t + 1;
-                let mut want = vec![0.0; q_dim];
-                rk::attention(
-                    &q[t * q_dim..(t + 1) * q_dim],
-                    &kc,
-                    &vc,
-                    n_heads,
-                    n_kv,
-                    hd,
-                    n_pos,
-                    &mut want,
-                );
+                let want = attention_want(&push, pos0, t, &q, &kc, &vc);
                 // softmax weights carry the score error (hd·u·|q||k|·scale ≈ 1e-5
                 // relative after exp) into a convex combination of values bounded by 1:
                 // 1e-5 absolute

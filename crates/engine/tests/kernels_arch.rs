@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::gpu::{run, run_attention};
+use common::gpu::{attention_want, run, run_attention};
 use common::*;
 use engine::kernels::{
     self, AttentionPush, HeadsBindings, HeadsPush, Kernels, PostNormBindings, PostNormPush,
@@ -319,21 +319,7 @@ fn windowed_attention_matches_reference() {
         };
         let got = run_attention(&ctx, &mut ks, &push, pos0, n_tok, &q, &kc, &vc);
         for t in 0..n_tok {
-            let n_pos = pos0 as usize + t + 1;
-            let first = n_pos.saturating_sub(window);
-            let mut want = vec![0.0; q_dim];
-            rk::attention_ext(
-                &q[t * q_dim..(t + 1) * q_dim],
-                &kc,
-                &vc,
-                n_heads,
-                n_kv,
-                hd,
-                first,
-                n_pos,
-                scale,
-                &mut want,
-            );
+            let want = attention_want(&push, pos0, t, &q, &kc, &vc);
             let r = t * q_dim..(t + 1) * q_dim;
             assert_near(&format!("window {window} token {t}"), &got[r], &want, 1e-5);
         }

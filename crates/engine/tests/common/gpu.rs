@@ -139,6 +139,40 @@ pub fn run_attention(
     read_f32(&out, n_tok * q_dim)
 }
 
+/// The CPU reference of token `t`'s row in [`run_attention`]'s batch: its query against
+/// the positions its window sees (all up to its own when `push.window` is 0), scaled by
+/// `push.scale`.
+pub fn attention_want(
+    push: &AttentionPush,
+    pos0: u32,
+    t: usize,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+) -> Vec<f32> {
+    let (n_heads, hd) = (push.n_heads as usize, push.head_dim as usize);
+    let q_dim = n_heads * hd;
+    let n_pos = pos0 as usize + t + 1;
+    let first = match push.window {
+        0 => 0,
+        w => n_pos.saturating_sub(w as usize),
+    };
+    let mut want = vec![0.0; q_dim];
+    reference::kernels::attention_ext(
+        &q[t * q_dim..(t + 1) * q_dim],
+        kc,
+        vc,
+        n_heads,
+        push.n_kv_heads as usize,
+        hd,
+        first,
+        n_pos,
+        push.scale,
+        &mut want,
+    );
+    want
+}
+
 /// `x ∘ g` per token row: what the producer of x writes for the next rmsnorm.
 pub fn times_g(x: &[f32], g: &[f32]) -> Vec<f32> {
     x.chunks(g.len())
