@@ -3,6 +3,11 @@
 //! Glue: parses the flags, loads the slots on the engine thread, binds, serves until
 //! SIGTERM or Ctrl-C, then shuts down gracefully (no new connections, in-flight
 //! requests finish within `--shutdown-grace` or are cancelled) and exits 0.
+//!
+//! Who may reach it (README "Security"): `--api-key` or `VKDECODE_API_KEY` (never
+//! empty), `--allowed-hosts` (Host names besides loopback and the bound address),
+//! `--cors-origin` (web origins allowed to call it); how long and how many connections
+//! may be held: the timeouts and `--max-connections`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,9 +45,41 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
 
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health. The environment
+    /// variable VKDECODE_API_KEY gives it too, without showing it in `ps`.
     #[arg(long = "api-key", value_name = "KEY")]
     pub api_key: Option<String>,
+
+    /// Names the Host header may carry besides loopback names and the bound address,
+    /// comma-separated (`*`: any). Other Hosts get 403: a web page reaching the server
+    /// through DNS rebinding sends its own name.
+    #[arg(long = "allowed-hosts", value_name = "NAMES", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+
+    /// Web origins (scheme://host[:port]) whose pages may call the server,
+    /// comma-separated (`*`: any). Requests with another Origin get 403, and only these
+    /// origins get CORS headers.
+    #[arg(long = "cors-origin", value_name = "ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// Open connections at most (default 512, fewer under a low `ulimit -n`). Past it a
+    /// new connection closes the longest-idle one, or gets 503 when all are busy.
+    #[arg(long = "max-connections", value_name = "N")]
+    pub max_connections: Option<usize>,
+
+    /// Seconds a request head may take to arrive whole (from the connect, or from its
+    /// first byte on a kept-alive connection).
+    #[arg(long = "header-timeout", value_name = "SECS", default_value_t = 10.0)]
+    pub header_timeout: f64,
+
+    /// Seconds a request body may take to arrive whole (408 after), and a client may
+    /// stall taking its answer.
+    #[arg(long = "body-timeout", value_name = "SECS", default_value_t = 60.0)]
+    pub body_timeout: f64,
+
+    /// Seconds a kept-alive connection may wait for its next request.
+    #[arg(long = "idle-timeout", value_name = "SECS", default_value_t = 60.0)]
+    pub idle_timeout: f64,
 
     /// Largest request body, e.g. 4MiB (413 above).
     #[arg(long = "max-body", value_name = "SIZE", value_parser = parse_size, default_value = "4MiB")]
@@ -77,9 +114,41 @@ pub fn run(args: Args) -> Result<()> {
     if args.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    if args.ctx_size == Some(1) {
+        bail!("--ctx-size 1 is too small: a slot needs at least 2 positions (a prompt token and a generated one); use -c 2 or more, or -c 0 for the model's own context");
+    }
     if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
         bail!("--shutdown-grace must be 0 or more seconds");
     }
+    let api_key = api_key(args.api_key.as_deref())?;
+    if api_key.is_none() && !is_loopback(&args.host) {
+        eprintln!(
+            "WARNING: serving on {} without an API key: anyone who can reach this address can use the model. Set VKDECODE_API_KEY (or --api-key KEY) to require one.",
+            args.host
+        );
+    }
+    let limits = server::ConnLimits {
+        max_connections: max_connections(args.max_connections)?,
+        header_timeout: seconds("--header-timeout", args.header_timeout)?,
+        body_timeout: seconds("--body-timeout", args.body_timeout)?,
+        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+    };
+    let mut allowed_hosts: Vec<String> = args
+        .allowed_hosts
+        .iter()
+        .filter(|h| !h.trim().is_empty())
+        .map(|h| server::guard::normal_host(h))
+        .collect();
+    allowed_hosts.push(server::guard::normal_host(&args.host));
+    let access = server::Access {
+        allowed_hosts,
+        cors_origins: args
+            .cors_origins
+            .iter()
+            .filter(|o| !o.trim().is_empty())
+            .map(|o| server::guard::normal_origin(o))
+            .collect(),
+    };
     let max_body = usize::try_from(args.max_body).context("--max-body is too large")?;
     let path = &args.model;
     let file = Arc::new(
@@ -156,12 +225,14 @@ pub fn run(args: Args) -> Result<()> {
     let opts = server::ServerOptions {
         model_id: model_id.clone(),
         model_aliases: vec![file_name, stem, path.display().to_string()],
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_key,
         max_body,
         queue: args.queue,
         ctx_len: info.ctx_per_slot,
         n_slots: args.parallel,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        access,
+        limits,
     };
     let state = Arc::new(server::AppState::new(
         opts, scheduler, tok, template, metrics,
@@ -190,6 +261,76 @@ pub fn run(args: Args) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
     eprintln!("vkdecode serve: stopped");
     Ok(())
+}
+
+/// The API key: `--api-key`, else `VKDECODE_API_KEY`; an empty one is refused (it would
+/// read as "no key" and leave the server open).
+fn api_key(flag: Option<&str>) -> Result<Option<String>> {
+    let (key, from) = match flag {
+        Some(k) => (k.to_string(), "--api-key"),
+        None => match std::env::var("VKDECODE_API_KEY") {
+            Ok(k) => (k, "VKDECODE_API_KEY"),
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => bail!("VKDECODE_API_KEY is not valid UTF-8"),
+        },
+    };
+    if key.trim().is_empty() {
+        bail!("{from} is empty: give a key (or leave {from} out to serve without one)");
+    }
+    Ok(Some(key))
+}
+
+/// Whether `--host` is reachable from this machine only.
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A timeout flag's value.
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    if !(v.is_finite() && v > 0.0 && v < 1e9) {
+        bail!("{flag} must be a positive number of seconds (got {v})");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Descriptors the server needs besides its connections (the model, the driver, the
+/// listener, refusals in flight).
+const FD_RESERVE: u64 = 128;
+
+/// `--max-connections`, or 512 (fewer when the descriptor limit leaves less room); a
+/// value the limit cannot hold is refused, as it would stop the accepting.
+fn max_connections(flag: Option<usize>) -> Result<usize> {
+    let limit = open_files_limit();
+    match flag {
+        Some(0) => bail!("--max-connections must be at least 1"),
+        Some(n) => {
+            if let Some(l) = limit.filter(|&l| n as u64 + FD_RESERVE > l) {
+                bail!(
+                    "--max-connections {n} needs about {} open files but the limit is {l}: lower --max-connections or raise the limit (ulimit -n)",
+                    n as u64 + FD_RESERVE
+                );
+            }
+            Ok(n)
+        }
+        None => {
+            let room = limit.map_or(512, |l| l.saturating_sub(FD_RESERVE));
+            Ok(room.clamp(16, 512) as usize)
+        }
+    }
+}
+
+/// This process's soft limit on open files (`None` where /proc does not say).
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// SIGTERM or Ctrl-C.

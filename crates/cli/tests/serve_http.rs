@@ -187,7 +187,7 @@ fn errors_have_their_status_and_the_server_keeps_serving() {
     assert_eq!(r.status, 413, "{}", r.text());
     r.error();
     let mut c = s.connect();
-    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer sekrit-key\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nAuthorization: Bearer sekrit-key\r\nTransfer-Encoding: chunked\r\n\r\n";
     c.write_all(head.as_bytes()).unwrap();
     for _ in 0..3 {
         let part = "y".repeat(2000);

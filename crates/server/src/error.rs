@@ -53,6 +53,21 @@ impl ApiError {
         }
     }
 
+    /// 403: a request from somewhere the server does not serve (a foreign Host or Origin).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, message)
+    }
+
+    /// 408: the request body did not arrive in time.
+    pub fn timeout(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::REQUEST_TIMEOUT, message)
+    }
+
+    /// 415: a body that is not JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message)
+    }
+
     /// 404: no such route or model.
     pub fn not_found(message: impl Into<String>, code: Option<&'static str>) -> ApiError {
         ApiError {
@@ -103,6 +118,7 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
             s if s.is_server_error() => "server_error",

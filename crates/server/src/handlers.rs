@@ -1,11 +1,19 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: check the request, queue a
 //! job, and answer with one JSON object or a stream of server-sent events ending in
 //! `data: [DONE]`.
+//!
+//! A client that ends its side of the connection after its request has either
+//! half-closed (and reads on) or gone away; only a write tells which. So from then on
+//! the answer sends something every second: a whole answer its head and a space (JSON
+//! allows it before the object), a stream an SSE comment. A gone client fails the
+//! write, its connection closes and its job is cancelled; a half-closed one gets the
+//! whole answer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
@@ -13,6 +21,7 @@ use serde_json::{json, Value};
 use tokenizer::Message;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::conn::PeerEof;
 use crate::error::ApiError;
 use crate::http::{parse_json, read_body, AppState};
 use crate::job::{Finish, Job, JobEvent, Usage};
@@ -27,9 +36,20 @@ enum Kind {
     Completion,
 }
 
-pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    peer: Option<Extension<PeerEof>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let run = async {
-        let bytes = read_body(body, &headers, st.opts.max_body).await?;
+        let bytes = read_body(
+            body,
+            &headers,
+            st.opts.max_body,
+            st.opts.limits.body_timeout,
+        )
+        .await?;
         let req: ChatRequest = parse_json(&bytes)?;
         st.check_model(req.model.as_deref())?;
         let checked = req.sampling.check(fresh_seed())?;
@@ -60,18 +80,25 @@ pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bod
         Ok::<_, ApiError>((ids, checked))
     };
     match run.await {
-        Ok((ids, checked)) => generate(&st, Kind::Chat, ids, checked).await,
+        Ok((ids, checked)) => generate(&st, Kind::Chat, ids, checked, peer.map(|p| p.0)).await,
         Err(e) => e.into_response(),
     }
 }
 
 pub async fn completions(
     State(st): State<Arc<AppState>>,
+    peer: Option<Extension<PeerEof>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let run = async {
-        let bytes = read_body(body, &headers, st.opts.max_body).await?;
+        let bytes = read_body(
+            body,
+            &headers,
+            st.opts.max_body,
+            st.opts.limits.body_timeout,
+        )
+        .await?;
         let req: CompletionRequest = parse_json(&bytes)?;
         st.check_model(req.model.as_deref())?;
         let checked = req.sampling.check(fresh_seed())?;
@@ -101,7 +128,9 @@ pub async fn completions(
         Ok::<_, ApiError>((ids, checked))
     };
     match run.await {
-        Ok((ids, checked)) => generate(&st, Kind::Completion, ids, checked).await,
+        Ok((ids, checked)) => {
+            generate(&st, Kind::Completion, ids, checked, peer.map(|p| p.0)).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -123,8 +152,18 @@ fn fresh_seed() -> u64 {
 }
 
 /// Queues the job and answers.
-async fn generate(st: &Arc<AppState>, kind: Kind, prompt: Vec<u32>, c: Checked) -> Response {
-    let max_tokens = match cap_max_tokens(c.max_tokens, prompt.len(), st.opts.ctx_len) {
+async fn generate(
+    st: &Arc<AppState>,
+    kind: Kind,
+    prompt: Vec<u32>,
+    c: Checked,
+    peer: Option<PeerEof>,
+) -> Response {
+    let field = match kind {
+        Kind::Chat => "messages",
+        Kind::Completion => "prompt",
+    };
+    let max_tokens = match cap_max_tokens(c.max_tokens, prompt.len(), st.opts.ctx_len, field) {
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };
@@ -166,9 +205,9 @@ async fn generate(st: &Arc<AppState>, kind: Kind, prompt: Vec<u32>, c: Checked) 
         kind,
     };
     if c.stream {
-        stream_answer(head, rx, c.include_usage)
+        stream_answer(head, rx, c.include_usage, peer)
     } else {
-        whole_answer(head, rx).await
+        whole_answer(head, rx, peer).await
     }
 }
 
@@ -248,11 +287,37 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// Waits for the end and answers with one object.
-async fn whole_answer(head: Head, mut rx: UnboundedReceiver<JobEvent>) -> Response {
+/// How often an answer writes to a client that has ended its side, to find out whether
+/// it is still there.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Resolves a probe period after the client ended its side (never without one).
+async fn probe_due(peer: Option<&PeerEof>) {
+    match peer {
+        Some(p) => {
+            p.ended().await;
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the end and answers with one object (or, once the client has ended its
+/// side, with [`probed_answer`]).
+async fn whole_answer(
+    head: Head,
+    mut rx: UnboundedReceiver<JobEvent>,
+    peer: Option<PeerEof>,
+) -> Response {
     let mut text = String::new();
+    let probe = probe_due(peer.as_ref());
+    tokio::pin!(probe);
     loop {
-        match rx.recv().await {
+        let event = tokio::select! {
+            event = rx.recv() => event,
+            _ = &mut probe => return probed_answer(head, rx, text),
+        };
+        match event {
             Some(JobEvent::Text(t)) => text.push_str(&t),
             Some(JobEvent::Done {
                 finish,
@@ -267,6 +332,61 @@ async fn whole_answer(head: Head, mut rx: UnboundedReceiver<JobEvent>) -> Respon
             None => return dropped().into_response(),
         }
     }
+}
+
+/// A whole answer whose head goes out before its end: a space now and every probe
+/// period, then the object (or the error object, under the 200 already sent).
+fn probed_answer(head: Head, rx: UnboundedReceiver<JobEvent>, text: String) -> Response {
+    struct Late {
+        head: Head,
+        rx: UnboundedReceiver<JobEvent>,
+        text: String,
+        started: bool,
+    }
+    let late = Late {
+        head,
+        rx,
+        text,
+        started: false,
+    };
+    let body = stream::unfold(Some(late), |late| async move {
+        let mut s = late?;
+        if !s.started {
+            s.started = true;
+            return Some((Ok::<_, std::convert::Infallible>(" ".to_string()), Some(s)));
+        }
+        let tick = tokio::time::sleep(PROBE_EVERY);
+        tokio::pin!(tick);
+        loop {
+            let event = tokio::select! {
+                event = s.rx.recv() => event,
+                _ = &mut tick => return Some((Ok(" ".to_string()), Some(s))),
+            };
+            let last = match event {
+                Some(JobEvent::Text(t)) => {
+                    s.text.push_str(&t);
+                    continue;
+                }
+                Some(JobEvent::Done {
+                    finish,
+                    usage,
+                    queued_ms,
+                }) => {
+                    let choice = s.head.choice(false, Some(&s.text), Some(finish));
+                    s.head
+                        .wrap(false, json!([choice]), Some((&usage, queued_ms)))
+                }
+                Some(JobEvent::Error(msg)) => error_for(msg).body(),
+                None => dropped().body(),
+            };
+            return Some((Ok(last.to_string()), None));
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal("building the answer").into_response())
 }
 
 /// A job's channel closed unanswered: the engine thread ended (it drops its queue when it
@@ -292,6 +412,7 @@ fn sse(v: &Value) -> String {
 struct Streaming {
     head: Head,
     rx: UnboundedReceiver<JobEvent>,
+    peer: Option<PeerEof>,
     include_usage: bool,
     /// The chat stream's first chunk (the assistant role) is still to send.
     role_sent: bool,
@@ -302,11 +423,17 @@ struct Streaming {
 /// `finish_reason` (and, with `stream_options.include_usage`, one with the usage), then
 /// `data: [DONE]`. An engine failure mid-stream is an `error` event, and the stream ends.
 /// A client that goes away drops the receiver; the engine frees its slot at the next step.
-fn stream_answer(head: Head, rx: UnboundedReceiver<JobEvent>, include_usage: bool) -> Response {
+fn stream_answer(
+    head: Head,
+    rx: UnboundedReceiver<JobEvent>,
+    include_usage: bool,
+    peer: Option<PeerEof>,
+) -> Response {
     let state = Streaming {
         role_sent: head.kind != Kind::Chat,
         head,
         rx,
+        peer,
         include_usage,
         ended: false,
     };
@@ -326,7 +453,12 @@ fn stream_answer(head: Head, rx: UnboundedReceiver<JobEvent>, include_usage: boo
             return Some((Ok::<_, std::convert::Infallible>(out), s));
         }
         let out = loop {
-            match s.rx.recv().await {
+            let event = tokio::select! {
+                event = s.rx.recv() => event,
+                // a comment line, which SSE clients skip
+                _ = probe_due(s.peer.as_ref()) => break ": probe\n\n".to_string(),
+            };
+            match event {
                 Some(JobEvent::Text(t)) if t.is_empty() => continue,
                 Some(JobEvent::Text(t)) => {
                     let choice = s.head.choice(true, Some(&t), None);

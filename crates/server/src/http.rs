@@ -1,5 +1,5 @@
 //! The HTTP side: the router, the shared state, the API-key check, body reading with a
-//! size limit, graceful shutdown.
+//! size limit and a deadline, graceful shutdown.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,10 +15,12 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use tokenizer::{ChatTemplate, Tokenizer};
 
+use crate::conn::ConnLimits;
 use crate::error::ApiError;
+use crate::guard::Access;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
-use crate::{handlers, misc};
+use crate::{guard, handlers, misc};
 
 /// Limits and identity of the server.
 #[derive(Clone, Debug)]
@@ -39,6 +41,10 @@ pub struct ServerOptions {
     pub n_slots: usize,
     /// After SIGTERM, how long in-flight requests may run before they are cancelled.
     pub shutdown_grace: Duration,
+    /// Who may reach the server (Host, Origin).
+    pub access: Access,
+    /// Connection deadlines and cap.
+    pub limits: ConnLimits,
 }
 
 /// What every handler sees.
@@ -127,19 +133,20 @@ pub fn router(state: Arc<AppState>) -> Router {
             ApiError::not_found("no such route (see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
         })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(state.clone(), guard::access))
         .layer(middleware::from_fn_with_state(state.clone(), count_failures))
         .with_state(state)
 }
 
-/// `Authorization: Bearer KEY` when the server has `--api-key`.
+/// `Authorization: Bearer KEY` when the server has `--api-key` (the scheme in any case,
+/// as RFC 9110 says).
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.opts.api_key {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(bearer);
         if !given.is_some_and(|g| same(g.as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }
@@ -156,18 +163,31 @@ async fn count_failures(State(st): State<Arc<AppState>>, req: Request, next: Nex
     resp
 }
 
-/// Compares without stopping at the first difference (the key's bytes are not leaked by
-/// timing).
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of a `Bearer` credential.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once([' ', '\t'])?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Compares `given` with `key` in a time that depends on the key's length only: neither
+/// the key's bytes nor its length are leaked by when the answer comes.
+fn same(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, k) in key.iter().enumerate() {
+        diff |= given.get(i).copied().unwrap_or(0) ^ k;
+    }
+    std::hint::black_box(diff) == 0
 }
 
 /// The body, at most `limit` bytes (413 beyond; a `Content-Length` over the limit is
-/// refused before reading).
+/// refused before reading), all of it within `deadline` (408 otherwise).
 pub async fn read_body(
     body: Body,
     headers: &axum::http::HeaderMap,
     limit: usize,
+    deadline: Duration,
 ) -> Result<Vec<u8>, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -176,7 +196,14 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    match axum::body::to_bytes(body, limit).await {
+    let read = tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await;
+    let Ok(read) = read else {
+        return Err(ApiError::timeout(format!(
+            "the request body did not arrive within {} s (--body-timeout)",
+            deadline.as_secs_f64()
+        )));
+    };
+    match read {
         Ok(b) => Ok(b.to_vec()),
         Err(e) => {
             let over = std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
@@ -204,9 +231,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// Serves on `listener` until `shutdown` resolves; then stops accepting, lets in-flight
-/// requests run for the grace period, cancels what is left and returns once every
-/// connection is closed.
+/// Serves on `listener` until `shutdown` resolves; then stops accepting, closes the
+/// connections with no request running, lets in-flight requests run for the grace
+/// period, cancels what is left and returns once every connection is closed (those whose
+/// clients do not take their answer a few seconds later).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -214,6 +242,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     let grace = state.opts.shutdown_grace;
+    let limits = state.opts.limits;
     let canceller = state.scheduler.canceller();
     let st = state.clone();
     drop(state);
@@ -227,7 +256,33 @@ pub async fn serve(
             canceller.store(true, Ordering::SeqCst);
         });
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await
+    crate::conn::serve_connections(listener, app, limits, signal, grace + DRAIN_AFTER_GRACE).await
+}
+
+/// How long answers cancelled at the end of the grace period have to reach their
+/// clients before their connections are dropped.
+const DRAIN_AFTER_GRACE: Duration = Duration::from_secs(3);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_has_any_case() {
+        assert_eq!(bearer("Bearer k"), Some("k"));
+        assert_eq!(bearer("bearer k"), Some("k"));
+        assert_eq!(bearer("BEARER   k "), Some("k"));
+        assert_eq!(bearer("Basic k"), None);
+        assert_eq!(bearer("Bearerk"), None);
+        assert_eq!(bearer("k"), None);
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(same(b"key", b"key"));
+        assert!(!same(b"ke", b"key"));
+        assert!(!same(b"keyy", b"key"));
+        assert!(!same(b"kez", b"key"));
+        assert!(!same(b"", b"key"));
+    }
 }

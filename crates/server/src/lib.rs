@@ -1,7 +1,9 @@
 //! `vkdecode serve`: an OpenAI-compatible HTTP server (tokio + axum) over one loaded
 //! model, with `--parallel` slots and a bounded queue.
 //!
-//! - [`http`]: the router, limits, the API key, graceful shutdown;
+//! - [`http`]: the router, limits, the API key, graceful shutdown; [`conn`] the
+//!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
+//!   out (Host, Origin and CORS, JSON bodies);
 //!   [`handlers`] the two generation endpoints (JSON or server-sent events),
 //!   `misc` the small routes; [`params`] the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
@@ -13,7 +15,9 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod conn;
 pub mod error;
+pub mod guard;
 pub mod handlers;
 pub mod http;
 pub mod job;
@@ -23,7 +27,9 @@ pub mod params;
 pub mod scheduler;
 
 pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
+pub use crate::conn::ConnLimits;
 pub use crate::error::ApiError;
+pub use crate::guard::Access;
 pub use crate::http::{router, serve, AppState, ServerOptions};
 pub use crate::metrics::Metrics;
 pub use crate::scheduler::Scheduler;

@@ -77,7 +77,13 @@ struct TokenizeRequest {
 /// `POST /tokenize` `{"content": "..."}` → `{"tokens": [ids]}`.
 pub async fn tokenize(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
     let run = async {
-        let bytes = read_body(body, &headers, st.opts.max_body).await?;
+        let bytes = read_body(
+            body,
+            &headers,
+            st.opts.max_body,
+            st.opts.limits.body_timeout,
+        )
+        .await?;
         let req: TokenizeRequest = parse_json(&bytes)?;
         let ids = st
             .tok
@@ -111,7 +117,13 @@ pub async fn detokenize(
     body: Body,
 ) -> Response {
     let run = async {
-        let bytes = read_body(body, &headers, st.opts.max_body).await?;
+        let bytes = read_body(
+            body,
+            &headers,
+            st.opts.max_body,
+            st.opts.limits.body_timeout,
+        )
+        .await?;
         let req: DetokenizeRequest = parse_json(&bytes)?;
         let vocab = st.tok.vocab_size();
         if let Some(bad) = req.tokens.iter().find(|&&id| id as usize >= vocab) {

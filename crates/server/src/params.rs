@@ -2,11 +2,14 @@
 //! every sampling value in range, `max_tokens` positive and capped by the context.
 //!
 //! Defaults are the CLI's (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95,
-//! min_p 0.05. A `max_tokens` above what the context leaves after the prompt is capped
+//! min_p 0.05. OpenAI parameters the server does not implement (logprobs, tools,
+//! penalties, ...) are accepted at their default values only: any other value is a 400
+//! naming the parameter, never an answer that silently ignored it. A `max_tokens` above what the context leaves after the prompt is capped
 //! to it (as llama-server does), and the answer ends with `finish_reason: "length"`.
 
 use engine::SamplerOptions;
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -38,6 +41,98 @@ pub struct Sampling {
     pub stream_options: Option<StreamOptions>,
     /// Only 1 is supported.
     pub n: Option<i64>,
+    /// Not implemented: see [`UNSUPPORTED`].
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
+}
+
+/// OpenAI parameters the server does not implement, kept as given so that a value other
+/// than the default is refused by name.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Unsupported {
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub echo: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub response_format: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub frequency_penalty: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
+}
+
+/// Each unimplemented parameter and the values that mean "not used" (`null` always
+/// does).
+pub const UNSUPPORTED: &[(&str, &str)] = &[
+    ("logprobs", "false or 0"),
+    ("top_logprobs", "0"),
+    ("echo", "false"),
+    ("tools", "[]"),
+    ("tool_choice", "\"none\" or \"auto\""),
+    ("functions", "[]"),
+    ("function_call", "\"none\" or \"auto\""),
+    ("response_format", "{\"type\": \"text\"}"),
+    ("presence_penalty", "0"),
+    ("frequency_penalty", "0"),
+    ("logit_bias", "{}"),
+    ("best_of", "1"),
+    ("suffix", "\"\""),
+];
+
+impl Unsupported {
+    fn get(&self, name: &str) -> Option<&Value> {
+        match name {
+            "logprobs" => self.logprobs.as_ref(),
+            "top_logprobs" => self.top_logprobs.as_ref(),
+            "echo" => self.echo.as_ref(),
+            "tools" => self.tools.as_ref(),
+            "tool_choice" => self.tool_choice.as_ref(),
+            "functions" => self.functions.as_ref(),
+            "function_call" => self.function_call.as_ref(),
+            "response_format" => self.response_format.as_ref(),
+            "presence_penalty" => self.presence_penalty.as_ref(),
+            "frequency_penalty" => self.frequency_penalty.as_ref(),
+            "logit_bias" => self.logit_bias.as_ref(),
+            "best_of" => self.best_of.as_ref(),
+            "suffix" => self.suffix.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// A 400 for the first parameter set to something other than its default.
+    fn check(&self) -> Result<(), ApiError> {
+        for &(name, default) in UNSUPPORTED {
+            let Some(v) = self.get(name) else { continue };
+            let unused = match v {
+                Value::Null => true,
+                Value::Bool(b) => !b,
+                Value::Number(n) => {
+                    let one = name == "best_of";
+                    n.as_f64() == Some(if one { 1.0 } else { 0.0 })
+                }
+                // without tools, "auto" chooses none
+                Value::String(t) => t.is_empty() || t == "none" || t == "auto",
+                Value::Array(a) => a.is_empty(),
+                Value::Object(o) => {
+                    o.is_empty()
+                        || (name == "response_format"
+                            && o.len() == 1
+                            && o.get("type") == Some(&Value::from("text")))
+                }
+            };
+            if !unused {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("{name} is not supported by this server (got {v}): leave it out or at its default ({default})"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -112,6 +207,7 @@ pub const MAX_STOP: usize = 16;
 impl Sampling {
     /// Checks every field; `seed_default` is used when the request has no seed.
     pub fn check(&self, seed_default: u64) -> Result<Checked, ApiError> {
+        self.unsupported.check()?;
         let defaults = SamplerOptions::default();
         let max = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) => Some(("max_completion_tokens", m)),
@@ -226,17 +322,19 @@ impl Sampling {
 }
 
 /// The most tokens a request may generate: what it asked for, capped by what the context
-/// leaves after its prompt. A prompt that leaves no room is a 400.
+/// leaves after its prompt. A prompt that leaves no room is a 400 naming `param`, the
+/// field the prompt came in (`messages` or `prompt`).
 pub fn cap_max_tokens(
     asked: Option<usize>,
     n_prompt: usize,
     ctx_len: usize,
+    param: &'static str,
 ) -> Result<usize, ApiError> {
     if n_prompt >= ctx_len {
         return Err(ApiError {
             code: Some("context_length_exceeded"),
             ..ApiError::bad_param(
-                "messages",
+                param,
                 format!(
                     "the prompt is {n_prompt} tokens but a slot's context holds {ctx_len}: shorten it (or start the server with a larger --ctx-size)"
                 ),
@@ -319,11 +417,49 @@ mod tests {
     #[test]
     fn a_huge_max_tokens_is_capped_by_the_context() {
         let c = check(r#"{"max_tokens": 9223372036854775807}"#).unwrap();
-        assert_eq!(cap_max_tokens(c.max_tokens, 10, 2048).unwrap(), 2038);
-        assert_eq!(cap_max_tokens(Some(5), 10, 2048).unwrap(), 5);
-        assert_eq!(cap_max_tokens(None, 10, 2048).unwrap(), 2038);
-        let e = cap_max_tokens(Some(5), 2048, 2048).unwrap_err();
+        assert_eq!(
+            cap_max_tokens(c.max_tokens, 10, 2048, "prompt").unwrap(),
+            2038
+        );
+        assert_eq!(cap_max_tokens(Some(5), 10, 2048, "prompt").unwrap(), 5);
+        assert_eq!(cap_max_tokens(None, 10, 2048, "prompt").unwrap(), 2038);
+        let e = cap_max_tokens(Some(5), 2048, 2048, "prompt").unwrap_err();
         assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.param, Some("prompt"));
+    }
+
+    #[test]
+    fn unimplemented_parameters_are_refused_unless_at_their_default() {
+        for (json, param) in [
+            (r#"{"logprobs": true}"#, "logprobs"),
+            (r#"{"logprobs": 3}"#, "logprobs"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (r#"{"echo": true}"#, "echo"),
+            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
+            (r#"{"tool_choice": "required"}"#, "tool_choice"),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+            (r#"{"presence_penalty": 0.5}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": -2}"#, "frequency_penalty"),
+            (r#"{"logit_bias": {"50256": -100}}"#, "logit_bias"),
+            (r#"{"best_of": 3}"#, "best_of"),
+            (r#"{"suffix": "end"}"#, "suffix"),
+        ] {
+            let e = check(json).unwrap_err();
+            assert_eq!(e.status, 400, "{json}");
+            assert_eq!(e.param, Some(param), "{json}");
+            assert!(e.message.contains(param), "{json}: {}", e.message);
+        }
+        for json in [
+            r#"{"logprobs": false, "top_logprobs": null, "echo": false, "tools": []}"#,
+            r#"{"logprobs": 0, "top_logprobs": 0, "tool_choice": "none"}"#,
+            r#"{"response_format": {"type": "text"}, "presence_penalty": 0, "frequency_penalty": 0.0}"#,
+            r#"{"logit_bias": {}, "best_of": 1, "suffix": ""}"#,
+        ] {
+            assert!(check(json).is_ok(), "{json}");
+        }
     }
 
     #[test]

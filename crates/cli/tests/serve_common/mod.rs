@@ -43,12 +43,16 @@ impl Server {
 
     /// Starts `vkdecode serve -m MODEL --port 0 ARGS` and waits until it listens.
     pub fn start_on(model: &std::path::Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
-            .arg("serve")
-            .arg("-m")
-            .arg(model)
-            .args(["--port", "0"])
-            .args(args)
+        Server::launch(model, args, &Launch::default())
+    }
+
+    /// Starts `vkdecode serve -m <default model> --port 0 ARGS` as `how` says.
+    pub fn start_with(args: &[&str], how: &Launch) -> Server {
+        Server::launch(&q8(), args, how)
+    }
+
+    fn launch(model: &std::path::Path, args: &[&str], how: &Launch) -> Server {
+        let mut child = serve_command(model, args, how)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -69,7 +73,13 @@ impl Server {
         let key = args
             .iter()
             .position(|&a| a == "--api-key")
-            .map(|i| args[i + 1].to_string());
+            .map(|i| args[i + 1].to_string())
+            .or_else(|| {
+                how.env
+                    .iter()
+                    .find(|(k, _)| *k == "VKDECODE_API_KEY")
+                    .map(|(_, v)| v.to_string())
+            });
         Server {
             child: Some(child),
             addr,
@@ -131,6 +141,16 @@ impl Server {
         Resp::parse(&raw)
     }
 
+    /// Sends `bytes` as they are (a whole request, `Connection: close`) and reads the
+    /// whole answer.
+    pub fn raw(&self, bytes: &[u8]) -> Resp {
+        let mut s = self.connect();
+        s.write_all(bytes).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read the answer");
+        Resp::parse(&raw)
+    }
+
     pub fn get(&self, path: &str) -> Resp {
         self.request("GET", path, &[], b"")
     }
@@ -178,6 +198,91 @@ impl Drop for Server {
             let _ = c.wait();
         }
     }
+}
+
+/// What a test server is started with beyond its arguments.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// Environment variables to set (`VKDECODE_API_KEY` is removed unless set here).
+    pub env: &'a [(&'a str, &'a str)],
+    /// A descriptor limit (`ulimit -n`) for the server alone.
+    pub nofile: Option<u64>,
+}
+
+/// `vkdecode serve -m MODEL --port 0 ARGS`, through `sh -c 'ulimit -n N; exec ...'` when
+/// `how` limits descriptors.
+fn serve_command(model: &std::path::Path, args: &[&str], how: &Launch) -> Command {
+    let bin = env!("CARGO_BIN_EXE_vkdecode");
+    let mut cmd = match how.nofile {
+        Some(n) => {
+            let mut c = Command::new("sh");
+            c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.arg("serve")
+        .arg("-m")
+        .arg(model)
+        .args(["--port", "0"])
+        .args(args)
+        .env_remove("VKDECODE_API_KEY");
+    for (k, v) in how.env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs `vkdecode serve -m <default model> --port 0 ARGS`, which must refuse to start:
+/// its exit status and stderr. Panics (killing it) if it listens instead, or if it runs
+/// for more than 300 s.
+pub fn refused(args: &[&str], how: &Launch) -> (ExitStatus, String) {
+    let child = serve_command(&q8(), args, how)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vkdecode serve");
+    let mut s = Server {
+        child: Some(child),
+        addr: String::new(),
+        key: None,
+        log: Arc::new(Mutex::new(Vec::new())),
+    };
+    let stderr = s.child.as_mut().unwrap().stderr.take().unwrap();
+    let log = s.log.clone();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            log.lock().unwrap().push(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = s.child.as_mut().unwrap().try_wait().unwrap() {
+            s.child = None;
+            let _ = reader.join();
+            return (status, s.stderr());
+        }
+        let err = s.stderr();
+        assert!(
+            !err.contains("listening on"),
+            "vkdecode serve {args:?} started instead of refusing:\n{err}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "vkdecode serve {args:?} neither refused nor listened in 300 s:\n{err}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The resident memory of process `pid`, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 fn wait_listening(rx: &Receiver<String>, child: &mut Child, log: &Mutex<Vec<String>>) -> String {
