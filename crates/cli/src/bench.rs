@@ -8,6 +8,7 @@
 
 mod child;
 mod json;
+mod memory;
 mod plot;
 mod profile;
 mod report;
@@ -15,14 +16,15 @@ mod stats;
 mod table;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::signals;
 use child::{ChildResult, GroupSpec, TempDir};
+
+pub use child::{janitor, JANITOR_ENV};
 
 /// How the weights reach the GPU in one arm.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,25 +187,35 @@ pub fn run(args: Args) -> Result<()> {
     if args.procs.contains(&0) {
         bail!("--procs takes counts of at least 1");
     }
+    // A typo in an output path must not throw away a whole benchmark.
+    if let Some(path) = &args.json {
+        check_output("--json", path)?;
+    }
+    if let Some(path) = &args.plot {
+        check_output("--plot", path)?;
+    }
     let arms = plan_arms(&args.modes, args.sync_each_layer);
 
     let file = gguf::GgufFile::open(&args.model)
         .with_context(|| format!("opening model {}", args.model.display()))?;
     let alignment = file.gguf().alignment;
     let file_size = file.bytes().len() as u64;
+    if let Some(&most) = args.procs.iter().max() {
+        memory::check_procs(&file, &args, &arms, most)?;
+    }
     let (prompt_ids, prompt_source) = prompt_ids(&file, args.prompt_tokens)?;
     drop(file);
 
     let exe = std::env::current_exe().context("finding this executable to re-run it")?;
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let flag = interrupted.clone();
-        // Children in the same process group get the Ctrl-C too and stop early; the bench
-        // then reports what it has. A handler may already be installed (tests): no matter.
-        let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
-    }
+    // SIGINT: children in the same process group get a terminal's Ctrl-C too and stop
+    // early; the bench then reports what it has. SIGTERM and SIGHUP reach the bench
+    // alone: it passes them on to its children (child::run_group), removes its temp dir
+    // and leaves with 128 + the signal, reporting nothing.
+    signals::catch().context("installing the signal handlers")?;
+    let interrupted = || signals::count(libc::SIGINT) > 0 || signals::termination().is_some();
 
-    let tmp = TempDir::new("vkdecode-bench")?;
+    // The janitor removes the directory even if the bench is killed outright (SIGKILL).
+    let tmp = TempDir::guarded("vkdecode-bench", &exe)?;
     let (procs, grouped) = if args.procs.is_empty() {
         (vec![1], false)
     } else {
@@ -220,7 +232,7 @@ pub fn run(args: Args) -> Result<()> {
     std::fs::write(&ids_file, ids_list)
         .with_context(|| format!("writing {}", ids_file.display()))?;
     let ids_arg = format!("@{}", ids_file.display());
-    eprintln!(
+    errln!(
         "bench: {} ({:.1} MB), arms {}, {} repetition(s), prompt {} tokens ({}), decode {} tokens{}{}",
         args.model.display(),
         file_size as f64 / 1e6,
@@ -249,7 +261,7 @@ pub fn run(args: Args) -> Result<()> {
     'schedule: for &n in &procs {
         for repetition in 0..args.repetitions {
             for (arm_index, arm) in arms.iter().enumerate() {
-                if interrupted.load(Ordering::SeqCst) {
+                if interrupted() {
                     break 'schedule;
                 }
                 let dir = tmp.path().join(format!("run{seq}"));
@@ -262,13 +274,13 @@ pub fn run(args: Args) -> Result<()> {
                 let residency_at_start = match engine::pagecache::residency(&args.model) {
                     Ok(r) => Some(r),
                     Err(e) => {
-                        eprintln!("warning: {e}");
+                        errln!("warning: {e}");
                         None
                     }
                 };
                 if let Some(r) = residency_at_start.filter(|r| args.cold && r.fraction() > 0.5) {
                     if !warned_eviction {
-                        eprintln!(
+                        errln!(
                             "warning: --cold: {:.0}% of the model is still in the page cache after eviction \
                              (tmpfs, or another process maps it)",
                             100.0 * r.fraction()
@@ -310,7 +322,7 @@ pub fn run(args: Args) -> Result<()> {
                         child,
                     })
                     .collect();
-                eprintln!(
+                errln!(
                     "[{}/{total}] {}",
                     seq + 1,
                     report::progress_line(arm, &group, &new_runs, grouped)
@@ -324,6 +336,9 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
 
+    if let Some(sig) = signals::termination() {
+        leave_on_signal(sig, tmp, runs.len());
+    }
     let bench = Bench {
         args: args.clone(),
         arms,
@@ -335,7 +350,7 @@ pub fn run(args: Args) -> Result<()> {
         groups,
         procs,
         grouped,
-        interrupted: interrupted.load(Ordering::SeqCst),
+        interrupted: interrupted(),
     };
     let summary = report::Summary::new(&bench);
     outln!("{}", table::table(&bench, &summary));
@@ -343,14 +358,17 @@ pub fn run(args: Args) -> Result<()> {
         let json = json::to_json(&bench, &summary);
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        errln!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
         plot::draw(&bench, &summary, path)?;
-        eprintln!("wrote {}", path.display());
+        errln!("wrote {}", path.display());
     }
     if args.profile && !bench.interrupted {
         profile::run(&bench, &exe, &ids_arg, tmp.path())?;
+        if let Some(sig) = signals::termination() {
+            leave_on_signal(sig, tmp, bench.runs.len());
+        }
     }
     drop(tmp);
 
@@ -366,6 +384,45 @@ pub fn run(args: Args) -> Result<()> {
             "{failed} of {} runs failed (their stderr is above)",
             bench.runs.len()
         );
+    }
+    Ok(())
+}
+
+/// After SIGTERM or SIGHUP (passed on to the children, which are gone): removes the temp
+/// dir and leaves with the conventional status, reporting nothing more.
+fn leave_on_signal(sig: libc::c_int, tmp: TempDir, runs: usize) -> ! {
+    drop(tmp);
+    let name = if sig == libc::SIGHUP {
+        "SIGHUP"
+    } else {
+        "SIGTERM"
+    };
+    errln!("bench: ended by {name} after {runs} runs; nothing written");
+    std::process::exit(128 + sig)
+}
+
+/// Refuses an output path that cannot be written, before any run: a directory, a place
+/// that does not exist or is read-only. An existing file is opened for writing without
+/// truncating it (it keeps its contents until the bench writes it); a new one is created
+/// and removed again.
+fn check_output(flag: &str, path: &Path) -> Result<()> {
+    let cannot = || format!("{flag} {}: cannot write there", path.display());
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => bail!("{flag} {}: is a directory", path.display()),
+        Ok(_) => {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .with_context(cannot)?;
+        }
+        Err(_) => {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(cannot)?;
+            let _ = std::fs::remove_file(path);
+        }
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 //! The binary is glue: every subcommand lives in its own module and calls into the
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
-#![forbid(unsafe_code)]
+//!
+//! `unsafe` is denied, and allowed in one module (`signals`: sigaction, kill, prctl).
+#![deny(unsafe_code)]
 
 /// `print!` to stdout, ending the process quietly when the reader has gone (see out.rs).
 macro_rules! out {
@@ -18,6 +20,21 @@ macro_rules! outln {
     };
 }
 
+/// `eprint!` that never panics: a message that stderr cannot take (closed, full) is lost
+/// (see out.rs).
+macro_rules! errprint {
+    ($($arg:tt)*) => { $crate::out::write_stderr(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` that never panics: a message that stderr cannot take (closed, full) is lost
+/// (see out.rs).
+macro_rules! errln {
+    () => { $crate::out::write_stderr(format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::out::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod bench;
 mod chat;
 mod convert;
@@ -27,6 +44,7 @@ mod inspect;
 mod out;
 mod run;
 mod serve;
+mod signals;
 mod stats;
 mod supervise;
 mod tokenize;
@@ -69,6 +87,14 @@ enum Command {
 }
 
 fn main() {
+    // A bench's janitor does nothing else (see bench::janitor).
+    if let Some(dir) = std::env::var_os(bench::JANITOR_ENV) {
+        bench::janitor(&dir);
+    }
+    // A worker or bench child whose parent is already gone has nobody to report to.
+    if !signals::tie_to_parent() {
+        std::process::exit(128 + libc::SIGKILL);
+    }
     // Library crates emit tracing spans and events (load, prefill, decode, residency
     // decisions); warnings show by default, `VKDECODE_LOG=info` (or debug, trace) shows more.
     // On a terminal the residency layer's progress of a large staging copy shows too.
@@ -84,6 +110,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .without_time()
+        // its own report of a failed write is an `eprintln!`, which panics on the same
+        // unwritable stderr
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -107,9 +136,9 @@ fn main() {
         if out::is_broken_pipe(&err) {
             std::process::exit(0);
         }
-        eprintln!("error: {err}");
+        errln!("error: {err}");
         for cause in err.chain().skip(1) {
-            eprintln!("  caused by: {cause}");
+            errln!("  caused by: {cause}");
         }
         std::process::exit(1);
     }

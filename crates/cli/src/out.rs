@@ -1,6 +1,8 @@
-//! Standard output that a closed pipe (`| head -1`) ends quietly: std's `println!`
-//! panics on EPIPE, so every subcommand prints through [`out!`]/[`outln!`] (defined in
-//! main.rs), and `main` treats a broken-pipe error as a quiet end.
+//! Standard output that a closed pipe (`| head -1`) ends quietly, and standard error that
+//! never panics: std's `println!` panics on EPIPE and `eprintln!` on any write error
+//! (`2>/dev/full`), so every subcommand prints through [`out!`]/[`outln!`] and
+//! [`errln!`]/[`errprint!`] (defined in main.rs), and `main` treats a broken-pipe error
+//! as a quiet end.
 
 use std::io::Write;
 
@@ -12,9 +14,15 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: writing to stdout: {e}");
+        write_stderr(format_args!("error: writing to stdout: {e}\n"));
         std::process::exit(1);
     }
+}
+
+/// Writes to stderr, losing the message when stderr cannot take it (closed, full): there
+/// is nowhere else to report that, and it must not end the command.
+pub fn write_stderr(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
 }
 
 /// True when `err`'s chain holds a broken pipe (stdout closed by its reader).

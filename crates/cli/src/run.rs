@@ -339,7 +339,7 @@ pub fn run(args: Args) -> Result<()> {
     let loaded = engine::generate::load(&file, &load_opts)?;
     let info = loaded.info;
     if let Some(note) = &info.ctx_note {
-        eprintln!("{note}");
+        errln!("{note}");
     }
     let ctx_len = info.ctx_len;
     if prompt_ids.len() >= ctx_len {
@@ -381,7 +381,7 @@ pub fn run(args: Args) -> Result<()> {
                 }
             }
             engine::Event::Check { step, diff } => {
-                eprintln!("check: step {step} max |gpu - reference| logit = {diff:.5}")
+                errln!("check: step {step} max |gpu - reference| logit = {diff:.5}")
             }
             _ => {}
         }
@@ -397,9 +397,9 @@ pub fn run(args: Args) -> Result<()> {
     let interrupted = gen.stop == engine::StopReason::Cancelled;
     match gen.stop {
         engine::StopReason::ContextFull => {
-            eprintln!("\n[stopped: the context of {ctx_len} tokens is full; raise -c]")
+            errln!("\n[stopped: the context of {ctx_len} tokens is full; raise -c]")
         }
-        engine::StopReason::Cancelled => eprintln!("\n[interrupted]"),
+        engine::StopReason::Cancelled => errln!("\n[interrupted]"),
         _ => {}
     }
 
@@ -452,8 +452,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.check {
         stats["check_max_logit_diff"] = json!(t.max_check_diff.unwrap_or(0.0));
     }
-    eprintln!();
-    eprintln!(
+    errln!();
+    errln!(
         "device: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
         info.device,
         stats["weights_mode"].as_str().unwrap_or(""),
@@ -462,32 +462,32 @@ pub fn run(args: Args) -> Result<()> {
         info.weights_load_ms,
         t.ttft_ms
     );
-    eprintln!(
+    errln!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
         t.n_prompt,
         t.prefill_tok_s(),
         t.n_generated.saturating_sub(1),
         t.decode_tok_s()
     );
-    eprintln!("{}", mem.summary());
+    errln!("{}", mem.summary());
     if args.stats {
-        eprintln!("{}", serde_json::to_string_pretty(&stats)?);
+        errln!("{}", serde_json::to_string_pretty(&stats)?);
     }
     if args.profile {
         match generator.forward().session() {
-            None => eprintln!("--profile needs the Vulkan backend"),
+            None => errln!("--profile needs the Vulkan backend"),
             Some(s) => {
                 if let Some((n, rows)) = s.profile_last_prefill_chunk() {
-                    eprintln!("profile: the last prefill chunk ({n} tokens)");
+                    errln!("profile: the last prefill chunk ({n} tokens)");
                     crate::stats::print_profile(&rows);
                 }
                 match s.profile_last_token() {
                     Some(rows) => {
-                        eprintln!("profile: one decode token");
+                        errln!("profile: one decode token");
                         crate::stats::print_profile(&rows)
                     }
                     None => {
-                        eprintln!("no profile recorded (the device has no timestamp support?)")
+                        errln!("no profile recorded (the device has no timestamp support?)")
                     }
                 }
             }

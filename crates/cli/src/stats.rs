@@ -86,9 +86,14 @@ pub fn print_profile(rows: &[engine::KernelTime]) {
     let total_ns: u64 = rows.iter().map(|r| r.ns).sum();
     let share = |ns: u64| 100.0 * ns as f64 / (total_ns.max(1)) as f64;
     let gbs = |g: Option<f64>| g.map_or(String::new(), |g| format!("{g:.1}"));
-    eprintln!(
+    errln!(
         "{:<14} {:>10} {:>10} {:>7} {:>8} {:>10}",
-        "kernel", "dispatches", "ms", "share", "GB/s", "weight MB"
+        "kernel",
+        "dispatches",
+        "ms",
+        "share",
+        "GB/s",
+        "weight MB"
     );
     for r in rows {
         let line = format!(
@@ -101,12 +106,12 @@ pub fn print_profile(rows: &[engine::KernelTime]) {
             r.bytes
                 .map_or(String::new(), |b| format!("{:.1}", b as f64 / 1e6)),
         );
-        eprintln!("{}", line.trim_end());
+        errln!("{}", line.trim_end());
     }
     let mv: Vec<&engine::KernelTime> = rows.iter().filter(|r| r.bytes.is_some()).collect();
     let mv_ns: u64 = mv.iter().map(|r| r.ns).sum();
     let mv_bytes: u64 = mv.iter().filter_map(|r| r.bytes).sum();
-    eprintln!(
+    errln!(
         "{:<14} {:>10} {:>10.3} {:>6.1}%",
         "total",
         rows.iter().map(|r| u64::from(r.dispatches)).sum::<u64>(),
@@ -114,7 +119,7 @@ pub fn print_profile(rows: &[engine::KernelTime]) {
         share(total_ns),
     );
     if mv_ns > 0 {
-        eprintln!(
+        errln!(
             "matvecs: {:.1} MB of weights in {:.3} ms = {:.1} GB/s, {:.0}% of the token",
             mv_bytes as f64 / 1e6,
             mv_ns as f64 / 1e6,
@@ -123,10 +128,10 @@ pub fn print_profile(rows: &[engine::KernelTime]) {
         );
     }
     match read_bandwidth_gbs() {
-        Some(g) => eprintln!(
+        Some(g) => errln!(
             "machine reads {g:.1} GB/s (measured now: 2 threads summing 128 MiB; FACTS.md: ~31 GB/s on the CI machine)"
         ),
-        None => eprintln!("machine reads ~31 GB/s (FACTS.md; measuring here failed)"),
+        None => errln!("machine reads ~31 GB/s (FACTS.md; measuring here failed)"),
     }
 }
 

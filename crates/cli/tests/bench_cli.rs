@@ -2,9 +2,14 @@
 //! harness is what is tested here: scheduling, the barrier, eviction, the JSON, the
 //! plot, failures) on a tiny synthetic model written by `reference::synthetic`.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{q8, signal, Tag, TAG_ENV};
 
 use serde_json::Value;
 
@@ -621,5 +626,153 @@ fn vulkan_children_report_the_residency_path_taken() {
     );
     // Greedy decoding does not depend on where the weights live.
     assert_eq!(import["generated_ids"], copy["generated_ids"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Entries left in `dir`, waiting up to `limit` for it to empty.
+fn left_in(dir: &Path, limit: Duration) -> Vec<PathBuf> {
+    let start = Instant::now();
+    loop {
+        let left: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if left.is_empty() || start.elapsed() > limit {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGINT already stopped the bench and its children (they share its process group, so
+/// a terminal's Ctrl-C reaches them all) and removed its temp dir. SIGTERM and SIGHUP
+/// (`kill`, `timeout`, a closed terminal) and SIGKILL reach the bench alone: they used to
+/// leave its decoders running and its temp dir behind. Now within 2 s of any of them
+/// (and of `timeout`) no process of the bench is left and the temp dir is gone.
+#[test]
+fn a_signal_to_the_bench_leaves_no_child_and_no_temp_dir() {
+    let model = q8();
+    for sig in ["TERM", "HUP", "KILL", "timeout"] {
+        let tmp = scratch(&format!("signal-{sig}"));
+        let tag = Tag::new(&format!("bench-{sig}"));
+        let mut cmd = if sig == "timeout" {
+            let mut c = Command::new("timeout");
+            c.arg("8").arg(env!("CARGO_BIN_EXE_vkdecode"));
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        };
+        let mut child = cmd
+            .arg("bench")
+            .arg("-m")
+            .arg(&model)
+            .args(["--modes", "import", "-r", "2", "-p", "16", "-n", "1000"])
+            .env("TMPDIR", &tmp)
+            .env(TAG_ENV, &tag.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("running vkdecode bench");
+        // wait until a decoder runs, and a little longer (it loads the model)
+        let start = Instant::now();
+        while !tag
+            .processes()
+            .iter()
+            .any(|(_, cmd)| cmd.contains("--stats-json"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{sig}: no child decoder within a minute"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        if sig != "timeout" {
+            assert!(signal(child.id(), sig));
+        }
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{sig}: the bench still runs"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let ended = Instant::now();
+        let left = tag.wait_gone(Duration::from_secs(2));
+        assert!(left.is_empty(), "{sig}: {status}: still running: {left:?}");
+        let files = left_in(&tmp, Duration::from_secs(2).saturating_sub(ended.elapsed()));
+        assert!(files.is_empty(), "{sig}: {status}: left behind: {files:?}");
+        match sig {
+            "TERM" => assert_eq!(status.code(), Some(143), "{status}"),
+            "HUP" => assert_eq!(status.code(), Some(129), "{status}"),
+            "timeout" => assert_eq!(status.code(), Some(124), "{status}"),
+            _ => {}
+        }
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+}
+
+/// `--procs N` started N decoders whatever N was (`--procs 1000000` forks until memory
+/// runs out). A count that the available memory cannot hold is now refused before any
+/// child starts, naming the figures.
+#[test]
+fn procs_beyond_the_available_memory_are_refused_up_front() {
+    let dir = scratch("procs-mem");
+    let model = tiny_model(&dir);
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let tag = Tag::new("bench-procs");
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .arg("bench")
+        .arg("-m")
+        .arg(&model)
+        .args(["--backend", "reference", "-p", "6", "-n", "3", "-r", "1"])
+        .args(["--procs", "1,1000000"])
+        .env("TMPDIR", &tmp)
+        .env(TAG_ENV, &tag.0)
+        .output()
+        .expect("running vkdecode bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--procs 1000000") && stderr.contains("MemAvailable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[1/"), "no run may start: {stderr}");
+    assert!(start.elapsed() < Duration::from_secs(20), "{stderr}");
+    assert!(left_in(&tmp, Duration::ZERO).is_empty());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--json` and `--plot` paths were opened only after every run had finished, so a typo
+/// in the path threw the whole benchmark away. They are checked before the first run.
+#[test]
+fn unwritable_output_paths_are_refused_before_any_run() {
+    let dir = scratch("outputs");
+    let model = tiny_model(&dir);
+    let missing = dir.join("no-such-dir").join("out.json");
+    for (flag, path) in [
+        ("--json", missing.clone()),
+        ("--plot", missing.with_extension("svg")),
+        ("--json", dir.clone()),
+        ("--plot", dir.clone()),
+    ] {
+        let out = bench(&model, &["-r", "1", flag, path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} {path:?}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains(path.to_str().unwrap()),
+            "{flag} {path:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("[1/"),
+            "{flag} {path:?}: a run started first: {stderr}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

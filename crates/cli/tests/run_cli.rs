@@ -2,8 +2,13 @@
 //! on both backends, its stats, and its answers to bad input; plus `info` and
 //! `inspect --plan`, which report what the residency layer decides on this device.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{collect, signal, wait_for, Tag, TAG_ENV};
 
 use serde_json::Value;
 
@@ -327,4 +332,87 @@ fn tempdir() -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Starts `vkdecode` on a long generation (wrapped in `wrapper`, e.g. `timeout 4`), tagged
+/// so that every process it starts can be found, and waits until the text has begun.
+fn start_long_run(tag: &Tag, wrapper: &[&str]) -> std::process::Child {
+    let bin = env!("CARGO_BIN_EXE_vkdecode");
+    let (program, mut args): (&str, Vec<&str>) = match wrapper.split_first() {
+        Some((first, rest)) => (first, rest.iter().copied().chain([bin]).collect()),
+        None => (bin, Vec::new()),
+    };
+    let model = q8();
+    args.extend(["-m", model.to_str().unwrap()]);
+    args.extend(["-p", "Once upon a time", "-n", "1000", "--temp", "0"]);
+    let mut child = Command::new(program)
+        .args(&args)
+        .env(TAG_ENV, &tag.0)
+        // the worker is what is tested: never let an inherited setting skip it
+        .env_remove("VKDECODE_WORKER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vkdecode");
+    let stdout = collect(child.stdout.take().unwrap());
+    if wrapper.is_empty() {
+        wait_for("the text to begin", &stdout, |s| s.len() >= 20);
+    }
+    child
+}
+
+/// Waits (bounded) for `child` to exit.
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(start.elapsed() < limit, "still running after {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The main command runs its generation in a worker process (so that a model file
+/// truncated mid-run is reported by name). SIGTERM, SIGHUP or SIGKILL of the `vkdecode`
+/// the user started used to leave that worker running, reparented to init and still
+/// writing to stdout; `timeout` and Python's `Popen.terminate()` send SIGTERM. Now the
+/// signal is passed on (or the worker dies with its parent) and within 2 s no process of
+/// the run is left; the parent leaves with 128 + the signal.
+#[test]
+fn a_signal_to_the_main_command_leaves_no_worker() {
+    for sig in ["TERM", "HUP", "KILL"] {
+        let tag = Tag::new(&format!("run-{sig}"));
+        let mut child = start_long_run(&tag, &[]);
+        let before = tag.processes();
+        assert!(
+            before.len() >= 2,
+            "{sig}: expected the parent and its worker: {before:?}"
+        );
+        assert!(signal(child.id(), sig));
+        let sent = Instant::now();
+        let status = wait_exit(&mut child, Duration::from_secs(10));
+        let left = tag.wait_gone(Duration::from_secs(2));
+        assert!(
+            left.is_empty(),
+            "{sig}: {:?} after the signal, these are still running: {left:?}",
+            sent.elapsed()
+        );
+        match sig {
+            "KILL" => assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9)
+            ),
+            "TERM" => assert_eq!(status.code(), Some(143), "{status}"),
+            _ => assert_eq!(status.code(), Some(129), "{status}"),
+        }
+    }
+    // `timeout` sends SIGTERM to the process it started, whatever that is doing.
+    let tag = Tag::new("run-timeout");
+    let mut child = start_long_run(&tag, &["timeout", "4"]);
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(124), "timeout: {status}");
+    let left = tag.wait_gone(Duration::from_secs(2));
+    assert!(left.is_empty(), "after timeout: {left:?}");
 }

@@ -5,20 +5,30 @@
 //! reads `MemAvailable` while all of them are loaded and alive.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 
+use crate::signals;
+
+/// Set in a janitor's environment: the temp dir it removes once the bench is gone.
+pub const JANITOR_ENV: &str = "VKDECODE_BENCH_JANITOR";
+
+/// What every bench temp dir's name starts with; a janitor removes nothing else.
+const BENCH_PREFIX: &str = "vkdecode-bench";
+
 /// A directory removed, with everything in it, when dropped.
 pub struct TempDir {
     path: PathBuf,
+    /// A process that removes the directory if this one dies without dropping it: this
+    /// process holds the write end of its stdin, which the kernel closes however we end.
+    janitor: Option<Child>,
 }
 
 impl TempDir {
@@ -30,7 +40,28 @@ impl TempDir {
         let path = std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&path)
             .with_context(|| format!("creating the temp dir {}", path.display()))?;
-        Ok(TempDir { path })
+        Ok(TempDir {
+            path,
+            janitor: None,
+        })
+    }
+
+    /// A temp dir that outlives no crash of this process: `exe` (this binary) is started
+    /// as its [`janitor`]. SIGKILL gives no chance to clean up, and the bench's children
+    /// die with it (they asked the kernel to), so the janitor is what is left to do it.
+    pub fn guarded(prefix: &str, exe: &Path) -> Result<TempDir> {
+        debug_assert!(prefix.starts_with(BENCH_PREFIX));
+        let mut dir = TempDir::new(prefix)?;
+        let janitor = Command::new(exe)
+            .env(JANITOR_ENV, &dir.path)
+            .env_remove(signals::PARENT_ENV)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the bench's janitor process")?;
+        dir.janitor = Some(janitor);
+        Ok(dir)
     }
 
     pub fn path(&self) -> &Path {
@@ -41,7 +72,47 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+        if let Some(mut janitor) = self.janitor.take() {
+            // its stdin closes: it finds the directory gone and exits at once
+            drop(janitor.stdin.take());
+            let _ = janitor.wait();
+        }
     }
+}
+
+/// The whole life of a bench's janitor (a vkdecode process started with [`JANITOR_ENV`]
+/// naming the directory): wait until the bench closes our stdin, by exiting or dying,
+/// then remove the directory. SIGINT, SIGTERM and SIGHUP are caught and ignored: a
+/// terminal sends them to the bench too, which cleans up itself, and the janitor must
+/// outlive it. Only a directory of the bench's own naming in the temp dir is removed.
+pub fn janitor(dir: &OsStr) -> ! {
+    let _ = signals::catch();
+    let mut stdin = std::io::stdin().lock();
+    let mut sink = [0u8; 64];
+    loop {
+        match stdin.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let path = Path::new(dir);
+    let ours = path.parent() == Some(std::env::temp_dir().as_path())
+        && path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(BENCH_PREFIX));
+    if ours {
+        // the children die with the bench, but one may still be writing as we start: try
+        // again until the directory is gone (bounded)
+        for _ in 0..40 {
+            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+    std::process::exit(0)
 }
 
 /// `MemAvailable` from /proc/meminfo, in KiB.
@@ -123,8 +194,9 @@ struct Running {
 
 /// Runs one group to completion. Never panics on a misbehaving child: a child that
 /// cannot be spawned, exits non-zero, is killed or writes no stats is reported as a
-/// [`Failure`] with its stderr tail.
-pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResult> {
+/// [`Failure`] with its stderr tail. `interrupted` stops the wait at the barrier; a
+/// SIGTERM or SIGHUP caught by this process is passed on to every child still running.
+pub fn run_group(spec: &GroupSpec, interrupted: &dyn Fn() -> bool) -> Result<GroupResult> {
     let barrier_dir = spec.dir.join("barrier");
     if spec.barrier {
         std::fs::create_dir_all(&barrier_dir)
@@ -139,8 +211,10 @@ pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResu
         let stderr = std::fs::File::create(&stderr_path)
             .with_context(|| format!("creating {}", stderr_path.display()))?;
         let mut cmd = Command::new(spec.exe);
-        // the bench measures the process that decodes: no supervisor in between
+        // the bench measures the process that decodes: no supervisor in between; the
+        // child dies with the bench
         cmd.env(crate::supervise::WORKER_ENV, "1")
+            .env(signals::PARENT_ENV, std::process::id().to_string())
             .args(&spec.args)
             .arg("--stats-json")
             .arg(&stats_path)
@@ -189,7 +263,23 @@ pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResu
     let mut all_reached_barrier = spec.barrier;
     let mut mem_available_loaded_kb = None;
     let mut measured_stand_ins: BTreeSet<u32> = BTreeSet::new();
+    // when a SIGTERM or SIGHUP was passed on to the children
+    let mut passed_on: Option<Instant> = None;
     loop {
+        match (passed_on, signals::termination()) {
+            (None, Some(sig)) => {
+                for r in running.iter().filter(|r| r.exit.is_none()) {
+                    let _ = signals::send(r.pid, sig);
+                }
+                passed_on = Some(Instant::now());
+            }
+            (Some(at), _) if at.elapsed() > crate::supervise::GRACE => {
+                for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+                    let _ = r.child.kill();
+                }
+            }
+            _ => {}
+        }
         for r in running.iter_mut().filter(|r| r.exit.is_none()) {
             if let Ok(Some(status)) = r.child.try_wait() {
                 r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
@@ -203,7 +293,7 @@ pub fn run_group(spec: &GroupSpec, interrupted: &AtomicBool) -> Result<GroupResu
                 .map(|r| r.pid)
                 .collect();
             let present = running.iter().filter(|r| loaded.contains(&r.pid)).count();
-            let stop = interrupted.load(Ordering::SeqCst) || Instant::now() > deadline;
+            let stop = interrupted() || Instant::now() > deadline;
             if present + gone_before.len() >= running.len() || stop {
                 if present == running.len() && !stop {
                     mem_available_loaded_kb = mem_available_kb();

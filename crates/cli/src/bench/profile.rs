@@ -2,7 +2,6 @@
 //! and the per-kernel tables it prints (the last prefill chunk, then a decode token).
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -27,8 +26,8 @@ pub fn run(bench: &Bench, exe: &Path, ids: &str, tmp: &Path) -> Result<()> {
             // The profile table has a row per kernel and layer.
             stderr_tail_bytes: 1 << 20,
         };
-        let never = AtomicBool::new(false);
-        let result = child::run_group(&spec, &never)?;
+        // SIGTERM and SIGHUP still reach the child (run_group passes them on)
+        let result = child::run_group(&spec, &|| false)?;
         outln!(
             "\nper-kernel GPU time of the last prefill chunk and of one decode token, {}:",
             arm.name

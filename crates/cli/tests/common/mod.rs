@@ -131,3 +131,125 @@ pub fn nan_tensor(src: &Path, name: &str, out: &Path) {
     }
     std::fs::write(out, bytes).unwrap();
 }
+
+/// The environment variable that marks every process a test starts (and, through
+/// inheritance, every process those start), so the test can find them all in /proc,
+/// whoever they were reparented to.
+pub const TAG_ENV: &str = "VKDECODE_TEST_TAG";
+
+/// A tag unique to this test process and `name`; the guard kills every process that
+/// carries it when dropped, so a failing test leaves none behind.
+pub struct Tag(pub String);
+
+impl Tag {
+    pub fn new(name: &str) -> Tag {
+        Tag(format!("{name}-{}-{}", std::process::id(), nanos()))
+    }
+
+    /// Live processes (zombies aside) whose environment carries this tag, with their
+    /// command lines.
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        let needle = format!("{TAG_ENV}={}", self.0);
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if !env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+                continue;
+            }
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // the state follows the parenthesised command name: skip zombies and the dead
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.trim().chars().next());
+            if matches!(state, Some('Z') | Some('X') | None) {
+                continue;
+            }
+            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            found.push((pid, cmd));
+        }
+        found
+    }
+
+    /// Waits up to `limit` for every tagged process to be gone; returns those left.
+    pub fn wait_gone(&self, limit: std::time::Duration) -> Vec<(u32, String)> {
+        let start = std::time::Instant::now();
+        loop {
+            let left = self.processes();
+            if left.is_empty() || start.elapsed() > limit {
+                return left;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Tag {
+    fn drop(&mut self) {
+        for (pid, _) in self.processes() {
+            let _ = signal(pid, "KILL");
+        }
+    }
+}
+
+/// Sends `kill -SIG pid` through kill(1) (no unsafe code in the tests).
+pub fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Collects a child's output stream into a shared string as it arrives.
+pub fn collect(
+    mut r: impl std::io::Read + Send + 'static,
+) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let b = buf.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            b.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    buf
+}
+
+/// Waits up to a minute for `cond` to hold of what `buf` has collected.
+pub fn wait_for(what: &str, buf: &std::sync::Mutex<String>, cond: impl Fn(&str) -> bool) {
+    let start = std::time::Instant::now();
+    while !cond(&buf.lock().unwrap()) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "waited a minute for {what}: {:?}",
+            buf.lock().unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
