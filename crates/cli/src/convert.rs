@@ -129,12 +129,21 @@ fn check_align(align: u64) -> Result<()> {
 }
 
 /// Refuses to write over the input: the same device and inode, however the paths are
-/// spelt (symlinks and hard links included).
-fn check_not_same_file(input: &Path, output: &Path) -> Result<()> {
+/// spelt (symlinks and hard links included). Refuses an output that exists and is not a
+/// regular file too: the result is renamed into place, which would replace a device node
+/// (`/dev/null`), a FIFO or a socket with a regular file.
+fn check_output(input: &Path, output: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let Ok(out) = std::fs::metadata(output) else {
         return Ok(()); // no output yet (or unreachable: creating it will say so)
     };
+    if !out.is_file() {
+        bail!(
+            "refusing to write to {}: it exists and is not a regular file (a directory, \
+             device, FIFO or socket would be replaced by the converted file)",
+            output.display()
+        );
+    }
     let inp = std::fs::metadata(input).with_context(|| format!("reading {}", input.display()))?;
     if (inp.dev(), inp.ino()) == (out.dev(), out.ino()) {
         bail!(
@@ -170,7 +179,7 @@ fn check_no_aliasing(g: &Gguf, file_len: u64) -> Result<()> {
 
 pub fn run(args: Args) -> Result<()> {
     let start = std::time::Instant::now();
-    check_not_same_file(&args.input, &args.output)?;
+    check_output(&args.input, &args.output)?;
     let input =
         GgufFile::open(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
     let align = args.align.unwrap_or(input.gguf().alignment);
@@ -192,7 +201,7 @@ pub fn run(args: Args) -> Result<()> {
         *counts.entry(ty.name()).or_insert(0usize) += 1;
     }
     let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-    eprintln!(
+    errln!(
         "converted {} -> {}: {} tensors requantised, {} copied ({}), {} bytes, alignment {}, {:.2} s",
         args.input.display(),
         args.output.display(),

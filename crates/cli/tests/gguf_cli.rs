@@ -512,3 +512,50 @@ fn convert_default_model_to_every_type() {
         }
     }
 }
+
+/// `convert in.gguf /dev/null` (or onto a FIFO) wrote beside it and renamed the result
+/// over it: the device node or FIFO became a regular file (as root, /dev/null itself).
+/// An output that exists and is not a regular file is now refused, and left as it was.
+#[test]
+fn convert_refuses_an_output_that_is_not_a_regular_file() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch("not-regular");
+    let (w, _, _) = synthetic();
+    let input = dir.join("in.gguf");
+    std::fs::write(&input, w.to_bytes()).unwrap();
+    let ins = input.to_str().unwrap();
+    let fifo = dir.join("fifo");
+    let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(st.success());
+    assert_fails(
+        &["convert", ins, fifo.to_str().unwrap()],
+        &["fifo", "not a regular file"],
+    );
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "the FIFO was replaced"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // Only once a FIFO is safe from it: a device node, and a directory.
+    assert_fails(
+        &["convert", ins, "/dev/null"],
+        &["/dev/null", "not a regular file"],
+    );
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert_fails(
+        &["convert", ins, dir.to_str().unwrap()],
+        &["not a regular file"],
+    );
+}
