@@ -6,8 +6,12 @@
 //! (`/stats` shows it). Ctrl-C stops the current answer; at the prompt, a second Ctrl-C
 //! (or `/quit`, or end of input) exits. When stdin is not a terminal it reads one message
 //! per line and prints no prompt.
+//!
+//! A line that is not UTF-8, or too long for the context ([`max_line_bytes`]), is
+//! reported and skipped; the conversation goes on. A long line is dropped as it is read,
+//! never held whole.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use anyhow::{bail, Context as _, Result};
 use engine::generate::CtxRequest;
 use tokenizer::Message;
 
+use crate::input::{read_line, LineRead};
 use crate::run::{WeightsArg, EXIT_INTERRUPTED};
 use crate::stats::parse_size;
 
@@ -122,7 +127,7 @@ pub fn run(args: Args) -> Result<()> {
             } else if i.at_prompt.fetch_add(1, Ordering::SeqCst) >= 1 {
                 std::process::exit(EXIT_INTERRUPTED);
             } else {
-                eprint!("\n(Ctrl-C again, /quit or end of input to leave)\n> ");
+                errprint!("\n(Ctrl-C again, /quit or end of input to leave)\n> ");
             }
         })
         .context("installing the Ctrl-C handler")?;
@@ -159,9 +164,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     let info = slots.info().clone();
     if let Some(note) = &info.ctx_note {
-        eprintln!("{note}");
+        errln!("{note}");
     }
-    eprintln!(
+    let max_line = max_line_bytes(file.gguf(), info.ctx_per_slot);
+    errln!(
         "vkdecode chat: {} on {} (weights: {}), context {} tokens (KV cache {}), load {:.0} ms. /help for commands.",
         args.model.display(),
         info.device,
@@ -184,15 +190,37 @@ pub fn run(args: Args) -> Result<()> {
         turns: 0,
     };
     let interactive = std::io::stdin().is_terminal();
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut stdin = std::io::stdin().lock();
+    let mut bytes = Vec::new();
+    let mut line_no = 0u64;
     loop {
         if interactive {
-            eprint!("> ");
+            errprint!("> ");
         }
         interrupts.at_prompt.store(0, Ordering::SeqCst);
-        let Some(line) = lines.next() else { break };
-        let line = line.context("reading stdin")?;
+        let read = read_line(&mut stdin, max_line, &mut bytes).context("reading stdin")?;
+        line_no += 1;
+        let line = match read {
+            LineRead::Eof => break,
+            LineRead::TooLong(n) => {
+                errln!(
+                    "[line {line_no} is too long: {n} bytes, and the context of {} tokens \
+                     holds at most {max_line} bytes of text; ignored]",
+                    info.ctx_per_slot
+                );
+                continue;
+            }
+            LineRead::Line => match std::str::from_utf8(&bytes) {
+                Ok(text) => text,
+                Err(e) => {
+                    errln!(
+                        "[line {line_no} is not valid UTF-8 (bad byte at offset {}); ignored]",
+                        e.valid_up_to()
+                    );
+                    continue;
+                }
+            },
+        };
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
             continue;
@@ -232,6 +260,22 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The longest line worth tokenising: a token stands for at most as many bytes of text
+/// as its vocabulary piece has (a byte-level piece spells each byte with one or two
+/// characters, a `<0xAB>` piece with six), so a line longer than the context times the
+/// longest piece cannot fit the context whatever it says. Capped by the file limit of
+/// [`crate::input::MAX_TEXT_BYTES`].
+fn max_line_bytes(g: &gguf::Gguf, ctx_tokens: usize) -> usize {
+    let longest = g
+        .get_str_array("tokenizer.ggml.tokens")
+        .ok()
+        .and_then(|t| t.iter().map(|p| p.len()).max())
+        .unwrap_or(1)
+        .max(1);
+    let cap = crate::input::MAX_TEXT_BYTES as usize;
+    ctx_tokens.saturating_mul(longest).min(cap)
 }
 
 /// The conversation so far.
@@ -301,12 +345,12 @@ impl Chat {
         }
         let done = done.context("internal: the answer ended without a completion")?;
         if let Some(e) = &done.error {
-            eprintln!("[the answer failed: {e}]");
+            errln!("[the answer failed: {e}]");
         }
         match done.stop {
-            engine::StopReason::Cancelled => eprintln!("[stopped]"),
+            engine::StopReason::Cancelled => errln!("[stopped]"),
             engine::StopReason::ContextFull => {
-                eprintln!("[the context is full: /clear starts a new conversation]")
+                errln!("[the context is full: /clear starts a new conversation]")
             }
             _ => {}
         }

@@ -1,8 +1,8 @@
 //! Reading text the user points us at (`tokenize --file`, `--prompt-ids @FILE`): regular
 //! files only, and never more than a cap, so `/dev/zero` or a FIFO cannot eat memory or
-//! hang the process.
+//! hang the process. And lines typed or piped into `chat`, each held only up to a bound.
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
@@ -43,4 +43,79 @@ pub fn read_text_file(path: &Path, what: &str) -> Result<String> {
     }
     String::from_utf8(bytes)
         .with_context(|| format!("{what}: {} is not UTF-8 text", path.display()))
+}
+
+/// What [`read_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LineRead {
+    /// A line, without its `\n`, in the caller's buffer.
+    Line,
+    /// A line longer than the bound, read to its end and dropped; its length in bytes.
+    TooLong(u64),
+    /// End of input.
+    Eof,
+}
+
+/// Reads one line into `buf` (cleared first), holding at most `max` bytes of it: a longer
+/// line is read to its end and dropped as it comes, so its length costs no memory. The
+/// last line may lack its `\n`.
+pub fn read_line(r: &mut impl BufRead, max: usize, buf: &mut Vec<u8>) -> std::io::Result<LineRead> {
+    buf.clear();
+    let mut len: u64 = 0;
+    let mut started = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok(match (started, len > max as u64) {
+                (false, _) => LineRead::Eof,
+                (true, true) => LineRead::TooLong(len),
+                (true, false) => LineRead::Line,
+            });
+        }
+        started = true;
+        let newline = chunk.iter().position(|&b| b == b'\n');
+        let part = &chunk[..newline.unwrap_or(chunk.len())];
+        len += part.len() as u64;
+        if len <= max as u64 {
+            buf.extend_from_slice(part);
+        } else {
+            buf.clear();
+        }
+        let used = newline.map_or(chunk.len(), |i| i + 1);
+        r.consume(used);
+        if newline.is_some() {
+            return Ok(if len > max as u64 {
+                LineRead::TooLong(len)
+            } else {
+                LineRead::Line
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_held_up_to_the_bound_and_longer_ones_skipped() {
+        // a reader that hands out 3 bytes at a time, as a pipe may
+        let text = b"short\nmuch too long a line\n\nlast";
+        let mut r = std::io::BufReader::with_capacity(3, &text[..]);
+        let mut buf = Vec::new();
+        let mut next = |buf: &mut Vec<u8>| read_line(&mut r, 8, buf).unwrap();
+        assert_eq!(next(&mut buf), LineRead::Line);
+        assert_eq!(buf, b"short");
+        assert_eq!(next(&mut buf), LineRead::TooLong(20));
+        assert!(buf.capacity() <= 16, "the long line was not held");
+        assert_eq!(next(&mut buf), LineRead::Line);
+        assert_eq!(buf, b"");
+        assert_eq!(next(&mut buf), LineRead::Line);
+        assert_eq!(buf, b"last");
+        assert_eq!(next(&mut buf), LineRead::Eof);
+    }
 }

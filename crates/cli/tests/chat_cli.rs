@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use common::{q8, vkdecode};
+use common::{collect, q8, vkdecode, wait_for};
 use tokenizer::{ChatTemplate, Message, Tokenizer};
 
 /// (prompt tokens, prefilled, reused) from a `/stats` line.
@@ -128,37 +126,6 @@ fn chat_reuses_the_cache_between_turns_and_answers_as_the_one_shot_cli() {
     assert_eq!(one.strip_suffix('\n').unwrap(), answer2);
 }
 
-/// Collects everything `r` yields, as it comes.
-fn collect(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let out = Arc::clone(&buf);
-    std::thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        while let Ok(n) = r.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            out.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&chunk[..n]));
-        }
-    });
-    buf
-}
-
-/// Waits up to a minute for `cond` on the text collected so far.
-fn wait_for(what: &str, buf: &Mutex<String>, cond: impl Fn(&str) -> bool) {
-    let start = Instant::now();
-    while !cond(&buf.lock().unwrap()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "waited a minute for {what}: {:?}",
-            buf.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn ctrl_c_stops_the_answer_not_the_chat() {
     let model = q8();
@@ -204,4 +171,74 @@ fn ctrl_c_stops_the_answer_not_the_chat() {
     );
     assert!(answer.contains('4'), "the next answer: {answer:?}");
     assert_eq!(err.matches("[stopped]").count(), 1, "stderr: {err}");
+}
+
+/// One line that was not valid UTF-8 ended the whole session ("reading stdin: stream did
+/// not contain valid UTF-8", exit 1), losing the conversation; and a line had no length
+/// limit (a 100 MB line was tokenised in full, 975 MB resident, before it was refused).
+/// Now both are reported and the session goes on; the long line is refused as it is
+/// read, without holding it in memory.
+#[test]
+fn a_bad_or_huge_line_is_refused_and_the_chat_goes_on() {
+    let model = q8();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args(["chat", "-m", model.to_str().unwrap(), "--temp", "0"])
+        .args(["-n", "8", "-c", "512"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = collect(child.stdout.take().unwrap());
+    let stderr = collect(child.stderr.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Hello\n").unwrap();
+    stdin.flush().unwrap();
+    wait_for("the first answer", &stdout, |s| s.contains('\n'));
+    let hwm = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let before_kb = hwm(pid);
+
+    stdin.write_all(b"caf\xe9 au lait\n").unwrap();
+    stdin.flush().unwrap();
+    wait_for("the UTF-8 refusal", &stderr, |s| {
+        s.contains("not valid UTF-8")
+    });
+
+    // 64 MiB in one line, written from a thread (the reader may refuse it before the end)
+    let mut writer = stdin;
+    let feeder = std::thread::spawn(move || {
+        let chunk = vec![b'a'; 1 << 20];
+        for _ in 0..64 {
+            writer.write_all(&chunk).ok()?;
+        }
+        writer.write_all(b"\n").ok()?;
+        Some(writer)
+    });
+    wait_for("the long-line refusal", &stderr, |s| s.contains("too long"));
+    let mut writer = feeder
+        .join()
+        .unwrap()
+        .expect("the chat reads past the long line");
+    let grown_kb = hwm(pid).saturating_sub(before_kb);
+    assert!(
+        grown_kb < 32 << 10,
+        "the peak resident memory grew by {grown_kb} KiB on a 64 MiB line"
+    );
+    let answered = stdout.lock().unwrap().len();
+    writer.write_all(b"What is 2+2?\n/quit\n").unwrap();
+    drop(writer);
+    let status = child.wait().unwrap();
+    let out = stdout.lock().unwrap().clone();
+    let err = stderr.lock().unwrap().clone();
+    assert!(status.success(), "{status}\nstderr: {err}\nstdout: {out}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        !out[answered..].trim().is_empty(),
+        "the question after the refused lines is answered: {out}"
+    );
 }

@@ -510,3 +510,88 @@ fn a_model_file_truncated_mid_run_is_named() {
         "status {status}: {err}"
     );
 }
+
+/// `/dev/full` opened for writing, as a child's stdout or stderr.
+fn dev_full() -> Stdio {
+    Stdio::from(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full"),
+    )
+}
+
+/// Runs vkdecode with `args`, stdin from `input`, and the given stdout and stderr;
+/// returns its exit code (None: killed by a signal).
+fn exit_code(args: &[&str], input: &[u8], stdout: Stdio, stderr: Stdio) -> Option<i32> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .expect("run vkdecode");
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = std::io::Write::write_all(&mut stdin, input);
+    drop(stdin);
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            child.kill().ok();
+            panic!("{args:?}: still running after 2 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An unwritable stderr (`2>/dev/full`) made the main command, chat, convert, bench and
+/// the error path panic on their first message (exit 101), and an unwritable stdout too,
+/// when the error about it could not be written either. Now a message that cannot be
+/// written is lost and the command ends with the status it would have had.
+#[test]
+fn an_unwritable_stderr_or_stdout_never_panics() {
+    let m = q8();
+    let m = m.to_str().unwrap();
+    let dir = TempDir::new("devfull");
+    let converted = dir.join("out.gguf");
+    let converted = converted.to_str().unwrap();
+    let missing = dir.join("missing.gguf");
+    let missing = missing.to_str().unwrap();
+    let cases: [(&[&str], &[u8], i32); 5] = [
+        (&["-m", missing, "-p", "hi"], b"", 1),
+        (&["-m", m, "-p", "Hello", "-n", "3", "--temp", "0"], b"", 0),
+        (
+            &["chat", "-m", m, "-n", "3", "--temp", "0"],
+            b"Hi\n/quit\n",
+            0,
+        ),
+        (&["convert", m, converted], b"", 0),
+        (&["inspect", "--metadata", missing], b"", 1),
+    ];
+    for (args, input, want) in cases {
+        let got = exit_code(args, input, Stdio::null(), dev_full());
+        assert_eq!(got, Some(want), "2>/dev/full {args:?}");
+    }
+    // stdout full, and the error about it cannot be written either
+    let got = exit_code(&["inspect", "--metadata", m], b"", dev_full(), dev_full());
+    assert_eq!(got, Some(1), ">/dev/full 2>/dev/full inspect");
+    let got = exit_code(
+        &["-m", m, "-p", "Hello", "-n", "3", "--temp", "0"],
+        b"",
+        dev_full(),
+        dev_full(),
+    );
+    assert_eq!(got, Some(1), ">/dev/full 2>/dev/full main command");
+    // a closed stderr (the shell's `2>&-`)
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("exec \"$0\" \"$@\" 2>&-")
+        .arg(env!("CARGO_BIN_EXE_vkdecode"))
+        .args(["-m", missing, "-p", "hi"])
+        .output()
+        .expect("run sh");
+    assert_eq!(out.status.code(), Some(1), "2>&-: {out:?}");
+}
