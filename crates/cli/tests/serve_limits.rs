@@ -11,7 +11,7 @@ use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use serve_common::{request_bytes, rss_kib, Launch, Resp, Server};
+use serve_common::{refused, request_bytes, rss_kib, Launch, Resp, Server};
 
 /// Reads until the server closes the connection or `within` passes: whether it closed,
 /// and what it sent.
@@ -286,4 +286,31 @@ fn two_thousand_idle_and_two_hundred_slow_sockets_lock_no_one_out() {
         "RSS grew from {rss_before} to {rss_after} KiB"
     );
     drop(held);
+}
+
+#[test]
+fn limits_the_server_cannot_keep_are_refused_at_start() {
+    let (status, err) = refused(
+        &["--max-connections", "5000"],
+        &Launch {
+            nofile: Some(1024),
+            ..Launch::default()
+        },
+    );
+    assert!(!status.success());
+    assert!(
+        err.contains("--max-connections") && err.contains("ulimit -n"),
+        "{err}"
+    );
+    for (flag, value) in [
+        ("--max-connections", "0"),
+        ("--header-timeout", "0"),
+        ("--body-timeout", "-1"),
+        ("--idle-timeout", "nan"),
+    ] {
+        let arg = format!("{flag}={value}");
+        let (status, err) = refused(&[&arg], &Launch::default());
+        assert!(!status.success());
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
 }
