@@ -163,39 +163,32 @@ fn sigterm_does_not_wait_for_stalled_clients() {
 
 #[test]
 fn past_max_connections_with_every_one_busy_a_new_one_gets_503() {
-    let s = Server::start(&["-c", "256", "--max-connections", "2", "--parallel", "1"]);
-    let stream = |s: &Server| {
+    let s = Server::start(&["-c", "128", "--max-connections", "2", "--body-timeout", "3"]);
+    // two requests in progress: their bodies are being read (the server asked for them
+    // with 100 Continue) and never come
+    let busy = |s: &Server| {
         let mut c = s.connect();
-        c.write_all(&request_bytes(
-            "POST",
-            "/v1/completions",
-            &[],
-            br#"{"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "stream": true}"#,
-        ))
-        .unwrap();
+        c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = c.read(&mut buf).unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(text.starts_with("HTTP/1.1 100"), "{text}");
         c
     };
-    let mut first = stream(&s);
-    let mut buf = [0u8; 4096];
-    assert!(first.read(&mut buf).unwrap() > 0);
-    let second = stream(&s);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let r = loop {
-        // the second may not have been read yet: until it is, it is the one let go
-        let r = s.get("/health");
-        if r.status == 503 || Instant::now() > deadline {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let first = busy(&s);
+    let second = busy(&s);
+    let r = s.get("/health");
     assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert!(r.text().contains("--max-connections"), "{}", r.text());
+    // once their bodies are overdue they are answered 408 and closed, and room is back
     drop((first, second));
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while s.get("/health").status != 200 {
         assert!(
             Instant::now() < deadline,
-            "still refused after the streams left"
+            "still refused after the requests ended"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -313,4 +306,24 @@ fn limits_the_server_cannot_keep_are_refused_at_start() {
         assert!(!status.success());
         assert!(err.contains(flag), "{flag} {value}: {err}");
     }
+}
+
+#[test]
+fn a_huge_request_head_is_refused_not_buffered() {
+    let s = Server::start(&["-c", "128"]);
+    let mut c = s.connect();
+    let head = format!(
+        "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(200_000)
+    );
+    // the server may close before taking all of it
+    let _ = c.write_all(head.as_bytes());
+    let (closed, seen) = closed_within(&mut c, Duration::from_secs(10));
+    assert!(closed, "a 200 KB head holds its connection");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 431"),
+        "{text}"
+    );
+    assert_eq!(s.get("/health").status, 200);
 }

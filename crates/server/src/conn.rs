@@ -421,6 +421,9 @@ impl Drop for Registered {
     }
 }
 
+/// hyper's read buffer per connection, the most a request head may take.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// Quick refusals in flight at most; past them a connection is closed unanswered.
 const MAX_REFUSING: usize = 64;
 
@@ -539,6 +542,9 @@ async fn connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     // the head's deadline is ours (it must also cover the wait before a first request)
     builder.timer(TokioTimer::new()).header_read_timeout(None);
+    // a head over 64 KiB is refused (431) rather than buffered: hyper's default of about
+    // 400 KiB per connection would let a full cap of slow heads hold 200 MiB
+    builder.max_buf_size(MAX_HEAD_BYTES);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut draining = false;
