@@ -468,10 +468,12 @@ pub async fn serve_connections(
                     }
                 }
                 Err(e) => {
-                    // out of descriptors (or a connection reset before it was taken):
-                    // free the longest-idle connection and let the loop breathe
+                    // out of descriptors (EMFILE, ENFILE on Linux): free the longest-idle
+                    // connection; whatever failed, let the loop breathe rather than spin
                     tracing::warn!("accepting a connection: {e}");
-                    registry.make_room(0);
+                    if matches!(e.raw_os_error(), Some(23 | 24)) {
+                        registry.make_room(0);
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
