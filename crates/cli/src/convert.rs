@@ -296,6 +296,24 @@ fn build(file: &GgufFile, types: &[GgmlType], scheme: Scheme, align: u64) -> Res
     Ok(writer)
 }
 
+/// From now on SIGINT, SIGTERM or SIGHUP removes `tmp` (the partial output) and ends the
+/// process with 128 + the signal, so an interrupted conversion leaves nothing behind.
+/// (SIGKILL still leaves the file, named after the process id.)
+fn remove_on_signal(tmp: PathBuf) -> Result<()> {
+    crate::signals::catch().context("installing the signal handlers")?;
+    std::thread::spawn(move || loop {
+        if let Some(sig) = crate::signals::TERMINATION
+            .into_iter()
+            .find(|&s| crate::signals::count(s) > 0)
+        {
+            let _ = std::fs::remove_file(&tmp);
+            std::process::exit(128 + sig);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    });
+    Ok(())
+}
+
 /// Writes to `<dir>/.<name>.tmp-<pid>` then renames over `out`, so a failure leaves any
 /// existing `out` untouched and no partial file behind. Returns the bytes written.
 fn write_atomically(writer: &GgufWriter, out: &Path) -> Result<u64> {
@@ -311,6 +329,7 @@ fn write_atomically(writer: &GgufWriter, out: &Path) -> Result<u64> {
         name.to_string_lossy(),
         std::process::id()
     ));
+    remove_on_signal(tmp.clone())?;
     let result = (|| -> Result<u64> {
         let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);

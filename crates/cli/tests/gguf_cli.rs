@@ -559,3 +559,52 @@ fn convert_refuses_an_output_that_is_not_a_regular_file() {
         &["not a regular file"],
     );
 }
+
+/// SIGTERM, SIGHUP or SIGINT while `convert` writes its output left the partial file
+/// (`.<name>.tmp-<pid>`) beside it. It is removed, and the status is 128 + the signal.
+#[test]
+fn a_signal_during_convert_leaves_no_partial_file() {
+    let input = model("SmolLM2-135M-Instruct.Q8_0.gguf");
+    for (sig, code) in [("TERM", 143), ("HUP", 129), ("INT", 130)] {
+        let dir = scratch(&format!("convert-{sig}"));
+        let out = dir.join("out.gguf");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+            .arg("convert")
+            .arg(&input)
+            .arg(&out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("running vkdecode convert");
+        // the partial file appears once the conversion writes
+        let partial = || {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        };
+        let start = std::time::Instant::now();
+        while !partial() {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(120));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let caught = child.try_wait().unwrap().is_none();
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let status = child.wait().unwrap();
+        if !caught || status.success() {
+            // it finished before the signal: nothing to check this round
+            eprintln!("{sig}: convert finished first ({status})");
+            continue;
+        }
+        assert_eq!(status.code(), Some(code), "{sig}: {status}");
+        assert!(!partial(), "{sig}: the partial file is left");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
