@@ -10,7 +10,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{collect, q8, vkdecode, wait_for};
+use common::{collect, q8, signal, vkdecode, wait_for, Tag, TAG_ENV};
 use tokenizer::{ChatTemplate, Message, Tokenizer};
 
 /// (prompt tokens, prefilled, reused) from a `/stats` line.
@@ -241,4 +241,34 @@ fn a_bad_or_huge_line_is_refused_and_the_chat_goes_on() {
         !out[answered..].trim().is_empty(),
         "the question after the refused lines is answered: {out}"
     );
+}
+
+/// SIGTERM, SIGHUP or SIGKILL while an answer is being written ends the chat within 2 s,
+/// leaving no process behind (chat runs in the process the user started).
+#[test]
+fn a_signal_during_an_answer_leaves_no_process() {
+    let model = q8();
+    for sig in ["TERM", "HUP", "KILL"] {
+        let tag = Tag::new(&format!("chat-{sig}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+            .args(["chat", "-m", model.to_str().unwrap(), "--temp", "0"])
+            .args(["-n", "400", "-c", "1024"])
+            .env(TAG_ENV, &tag.0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = collect(child.stdout.take().unwrap());
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"Write a very long essay about the history of Rome.\n")
+            .unwrap();
+        wait_for("the answer to begin", &stdout, |s| s.len() >= 20);
+        assert!(signal(child.id(), sig));
+        let left = tag.wait_gone(std::time::Duration::from_secs(2));
+        assert!(left.is_empty(), "{sig}: still running: {left:?}");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "{sig}: {status}");
+    }
 }

@@ -335,8 +335,9 @@ fn tempdir() -> PathBuf {
 }
 
 /// Starts `vkdecode` on a long generation (wrapped in `wrapper`, e.g. `timeout 4`), tagged
-/// so that every process it starts can be found, and waits until the text has begun.
-fn start_long_run(tag: &Tag, wrapper: &[&str]) -> std::process::Child {
+/// so that every process it starts can be found; without a wrapper, waits until the text
+/// has begun, or (`early`) only until the worker exists (it is then loading the model).
+fn start_long_run(tag: &Tag, wrapper: &[&str], early: bool) -> std::process::Child {
     let bin = env!("CARGO_BIN_EXE_vkdecode");
     let (program, mut args): (&str, Vec<&str>) = match wrapper.split_first() {
         Some((first, rest)) => (first, rest.iter().copied().chain([bin]).collect()),
@@ -356,7 +357,13 @@ fn start_long_run(tag: &Tag, wrapper: &[&str]) -> std::process::Child {
         .spawn()
         .expect("run vkdecode");
     let stdout = collect(child.stdout.take().unwrap());
-    if wrapper.is_empty() {
+    if early {
+        let start = Instant::now();
+        while tag.processes().len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(30), "no worker");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    } else if wrapper.is_empty() {
         wait_for("the text to begin", &stdout, |s| s.len() >= 20);
     }
     child
@@ -379,16 +386,24 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::
 /// the user started used to leave that worker running, reparented to init and still
 /// writing to stdout; `timeout` and Python's `Popen.terminate()` send SIGTERM. Now the
 /// signal is passed on (or the worker dies with its parent) and within 2 s no process of
-/// the run is left; the parent leaves with 128 + the signal.
+/// the run is left; the parent leaves with 128 + the signal. Each signal is sent while
+/// the text is being written, and again just after the worker starts (while it loads).
 #[test]
 fn a_signal_to_the_main_command_leaves_no_worker() {
-    for sig in ["TERM", "HUP", "KILL"] {
+    for (sig, early) in [
+        ("TERM", false),
+        ("HUP", false),
+        ("KILL", false),
+        ("TERM", true),
+        ("HUP", true),
+        ("KILL", true),
+    ] {
         let tag = Tag::new(&format!("run-{sig}"));
-        let mut child = start_long_run(&tag, &[]);
+        let mut child = start_long_run(&tag, &[], early);
         let before = tag.processes();
         assert!(
             before.len() >= 2,
-            "{sig}: expected the parent and its worker: {before:?}"
+            "{sig} (early: {early}): expected the parent and its worker: {before:?}"
         );
         assert!(signal(child.id(), sig));
         let sent = Instant::now();
@@ -396,7 +411,7 @@ fn a_signal_to_the_main_command_leaves_no_worker() {
         let left = tag.wait_gone(Duration::from_secs(2));
         assert!(
             left.is_empty(),
-            "{sig}: {:?} after the signal, these are still running: {left:?}",
+            "{sig} (early: {early}): {:?} after the signal, these are still running: {left:?}",
             sent.elapsed()
         );
         match sig {
@@ -410,7 +425,7 @@ fn a_signal_to_the_main_command_leaves_no_worker() {
     }
     // `timeout` sends SIGTERM to the process it started, whatever that is doing.
     let tag = Tag::new("run-timeout");
-    let mut child = start_long_run(&tag, &["timeout", "4"]);
+    let mut child = start_long_run(&tag, &["timeout", "4"], false);
     let status = wait_exit(&mut child, Duration::from_secs(60));
     assert_eq!(status.code(), Some(124), "timeout: {status}");
     let left = tag.wait_gone(Duration::from_secs(2));
