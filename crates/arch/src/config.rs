@@ -266,10 +266,13 @@ fn rope_scale(g: &Gguf, p: &str) -> Result<f32, ConfigError> {
     match factor {
         None => Ok(1.0),
         Some((_, 0.0)) => Ok(1.0),
-        Some((_, f)) if f > 0.0 => Ok(1.0 / f),
+        Some((_, f)) if f >= crate::validate::MIN_ROPE_SCALING_FACTOR => Ok(1.0 / f),
         Some((key, f)) => Err(bad(
             &key,
-            &format!("RoPE scaling factor {f} must be positive"),
+            &format!(
+                "RoPE scaling factor {f} must be at least {} (or 0: none)",
+                crate::validate::MIN_ROPE_SCALING_FACTOR
+            ),
         )),
     }
 }
@@ -288,10 +291,8 @@ fn sliding_window(g: &Gguf, arch: Arch) -> Result<Option<SlidingWindow>, ConfigE
     };
     let period = meta_usize_opt(g, &format!("{p}.attention.sliding_window_pattern"))?.unwrap_or(6);
     let base_key = format!("{p}.rope.freq_base_swa");
+    // its range is checked with the other layers' base (validate)
     let rope_base = meta_f32_opt(g, &base_key)?.unwrap_or(10_000.0);
-    if rope_base <= 0.0 {
-        return Err(bad(&base_key, &format!("{rope_base} must be positive")));
-    }
     Ok(Some(SlidingWindow {
         window,
         period,

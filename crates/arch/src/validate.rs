@@ -1,7 +1,17 @@
-//! Refuses hyper-parameters that parse but mean nothing (issue 12: a negative RMS
-//! epsilon or a zero RoPE base gave NaN logits, a context length of 2^58 made the K/V
-//! cache size wrap to a few bytes), and sizes that follow from a valid config with
-//! checked arithmetic.
+//! Refuses hyper-parameters that parse but mean nothing (a negative RMS epsilon or a
+//! zero RoPE base gave NaN logits, a context length of 2^58 made the K/V cache size wrap
+//! to a few bytes), or on which the GPU and the CPU reference disagree (a gemma3
+//! `rope.freq_base_swa` of 1e-30 gave logits 40.8 apart), and sizes that follow from a
+//! valid config with checked arithmetic.
+//!
+//! The float ranges are where the GPU (lavapipe) and the reference agree within the
+//! model tests' tolerance on every family's tiny model, for values from -1 through
+//! subnormals to `f32::MAX` (engine tests/hyperparams.rs): a RoPE base (global or
+//! sliding-window) of at least 1 (from 1e-6 down, rotation angles of many turns differ
+//! between the GPU's and libm's sin/cos); a RoPE scaling factor of at least 1, i.e. a
+//! position scale of at most 1 (1e-6 and below disagree the same way); a final logit
+//! softcap of at most [`MAX_LOGIT_SOFTCAP`] (1e6 gave 5.72 against 5.69: the GPU's tanh
+//! of a tiny argument, multiplied back by the cap). Every released model is inside.
 //!
 //! The context bound: a context length is at most [`MAX_CONTEXT_LENGTH`] (2^24 = 16.7M
 //! positions, above any released model's), and with it the largest per-context buffer,
@@ -19,6 +29,14 @@ pub const MAX_CONTEXT_LENGTH: usize = 1 << 24;
 /// The largest `rms_eps` accepted: real models use 1e-5 or 1e-6; anything near 1 or
 /// above swamps the activations it normalises.
 pub const MAX_RMS_EPS: f32 = 1.0;
+
+/// The smallest RoPE linear scaling factor accepted (0 means none): below 1 positions
+/// are stretched instead of compressed, and far below it the angles run away.
+pub const MIN_ROPE_SCALING_FACTOR: f32 = 1.0;
+
+/// The largest `final_logit_softcapping` accepted: Gemma 2 uses 30; from 1e6 up the
+/// GPU's `c·tanh(x/c)` drifts from the reference's.
+pub const MAX_LOGIT_SOFTCAP: f32 = 1000.0;
 
 fn bad(key: String, reason: String) -> ConfigError {
     ConfigError::BadMetadata { key, reason }
@@ -43,6 +61,31 @@ pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
         return Err(bad(
             key("rope.freq_base"),
             format!("{base} must be a finite number of at least 1"),
+        ));
+    }
+    if let Some(sw) = &cfg.sliding_window {
+        let base = sw.rope_base;
+        if !(base.is_finite() && base >= 1.0) {
+            return Err(bad(
+                key("rope.freq_base_swa"),
+                format!("{base} must be a finite number of at least 1"),
+            ));
+        }
+    }
+    if let Some(c) = cfg.final_logit_softcap {
+        if !(c.is_finite() && c > 0.0 && c <= MAX_LOGIT_SOFTCAP) {
+            return Err(bad(
+                key("final_logit_softcapping"),
+                format!("{c} must be in (0, {MAX_LOGIT_SOFTCAP}] (or 0: off)"),
+            ));
+        }
+    }
+    let scale = cfg.rope_scale;
+    if !(scale.is_finite() && scale > 0.0 && scale <= 1.0) {
+        // rope_scale is 1/factor: the factor's own check names its key (config.rs)
+        return Err(bad(
+            key("rope.scaling.factor"),
+            format!("a position scale of {scale} must be in (0, 1]"),
         ));
     }
     if cfg.hidden_dim == 0 {
@@ -114,7 +157,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Arch, FfnAct, RopeMode};
+    use crate::{Arch, FfnAct, RopeMode, SlidingWindow};
 
     fn smollm() -> Config {
         Config {
@@ -209,5 +252,41 @@ mod tests {
             ..smollm()
         });
         assert!(r.contains("overflow"), "{r}");
+    }
+
+    /// Where the GPU and the reference disagree (tests/hyperparams.rs in the engine), the
+    /// value is refused naming its key.
+    #[test]
+    fn values_where_gpu_and_reference_disagree_are_refused() {
+        let gemma = |base: f32, cap: Option<f32>| Config {
+            arch: Arch::Gemma3,
+            sliding_window: Some(SlidingWindow {
+                window: 512,
+                period: 6,
+                rope_base: base,
+            }),
+            final_logit_softcap: cap,
+            ..smollm()
+        };
+        validate(&gemma(10_000.0, Some(30.0))).unwrap();
+        validate(&gemma(1.0, Some(MAX_LOGIT_SOFTCAP))).unwrap();
+        for base in [0.5, 1e-30, 0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let r = reason(&gemma(base, None));
+            assert!(
+                r.contains("gemma3.rope.freq_base_swa") && r.contains(&base.to_string()),
+                "{r}"
+            );
+        }
+        for cap in [1e6, f32::MAX, -1.0, f32::NAN] {
+            let r = reason(&gemma(10_000.0, Some(cap)));
+            assert!(r.contains("gemma3.final_logit_softcapping"), "{r}");
+        }
+        for scale in [2.0, 1e30, 0.0, f32::NAN] {
+            let r = reason(&Config {
+                rope_scale: scale,
+                ..smollm()
+            });
+            assert!(r.contains("llama.rope.scaling.factor"), "{r}");
+        }
     }
 }
