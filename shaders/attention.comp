@@ -23,6 +23,7 @@
 // --profile`, alternating, load 6.5-12). The more queries a lane holds, the slower each
 // texel fetch (an out-of-line call, around which the live vector registers are saved).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_samplerless_texture_functions : require
 
 #include "step.glsl"
 
@@ -30,9 +31,9 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HQ = 16u;  // head_dim / 4: quads per head
 
 // q and the caches are RGBA32F texel buffers (so the head dimension is a multiple of 4).
-layout(set = 0, binding = 0) uniform samplerBuffer q4;                        // [n_tok][n_heads*HQ]
-layout(set = 0, binding = 1) uniform samplerBuffer kc4;                       // [ctx][n_kv_heads*HQ]
-layout(set = 0, binding = 2) uniform samplerBuffer vc4;                       // [ctx][n_kv_heads*HQ]
+layout(set = 0, binding = 0) uniform textureBuffer q4;                        // [n_tok][n_heads*HQ]
+layout(set = 0, binding = 1) uniform textureBuffer kc4;                       // [ctx][n_kv_heads*HQ]
+layout(set = 0, binding = 2) uniform textureBuffer vc4;                       // [ctx][n_kv_heads*HQ]
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float outv[]; }; // [n_tok][n_heads*head_dim]
 STEP_BUFFER(4)
 

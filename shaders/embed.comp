@@ -5,6 +5,7 @@
 // CPU twin: reference::kernels::embedding_row. One invocation per 64-element chunk.
 // A table larger than one binding comes as up to three row-range parts (bindings 0..2).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_samplerless_texture_functions : require
 
 #include "quant.glsl"
 #include "step.glsl"
@@ -13,9 +14,9 @@ layout(local_size_x_id = 0) in;
 
 // The table's parts as texel buffers (see quant.glsl).
 // Variants (crates/vk/build.rs): one per weight type, WTYPE_*.
-layout(set = 0, binding = 0) uniform usamplerBuffer w0;
-layout(set = 0, binding = 1) uniform usamplerBuffer w1;
-layout(set = 0, binding = 2) uniform usamplerBuffer w2;
+layout(set = 0, binding = 0) uniform utextureBuffer w0;
+layout(set = 0, binding = 1) uniform utextureBuffer w1;
+layout(set = 0, binding = 2) uniform utextureBuffer w2;
 layout(std430, set = 0, binding = 3) writeonly buffer X { vec4 x4[]; };
 STEP_BUFFER(4)
 layout(std430, set = 0, binding = 5) writeonly buffer XG { vec4 xg4[]; };

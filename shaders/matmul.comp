@@ -7,6 +7,7 @@
 // group; block scales are applied per block. The prefill kernel, and decode's where the
 // column split (matmul_split.comp) does not fit the row length.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_samplerless_texture_functions : require
 
 #include "matmul.glsl"
 

@@ -52,6 +52,7 @@
 // 16 quads from zero, then added to its accumulator), so its outputs are bit-identical
 // whatever the tile: the serving slots' batch invariance does not depend on it.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_samplerless_texture_functions : require
 #extension GL_KHR_shader_subgroup_ballot : require
 
 #include "matmul.glsl"

@@ -21,6 +21,7 @@
 // lane, so the group's lines are fetched before they are decoded): 0.89-0.92x decode
 // (benches/results/split-touch-ahead-ab.txt); the fetch calls, not memory, set the pace.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_samplerless_texture_functions : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
 #if TB != 1 || !defined(SPLIT_K) || SPLIT_K < 1 || SPLIT_K > 4

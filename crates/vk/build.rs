@@ -148,55 +148,50 @@ fn variant_camel(v: &str) -> String {
     out
 }
 
-/// Highest `Binding` decoration + 1 (0 if none), scanning the SPIR-V instructions.
-fn max_binding(words: &[u32]) -> u32 {
-    const OP_DECORATE: u32 = 71;
-    const DECORATION_BINDING: u32 = 33;
-    let mut i = 5; // header
-    let mut max = 0;
-    while i < words.len() {
-        let count = (words[i] >> 16) as usize;
-        let op = words[i] & 0xFFFF;
-        if count == 0 {
-            break;
+const OP_TYPE_IMAGE: u32 = 25;
+const OP_TYPE_SAMPLED_IMAGE: u32 = 27;
+const OP_TYPE_POINTER: u32 = 32;
+const OP_VARIABLE: u32 = 59;
+const OP_DECORATE: u32 = 71;
+const DECORATION_BINDING: u32 = 33;
+const DIM_BUFFER: u32 = 5;
+
+/// The module's instructions after the 5-word header: (opcode, operand words). Stops at
+/// a malformed length rather than reading past the end.
+fn instructions(words: &[u32]) -> impl Iterator<Item = (u32, &[u32])> {
+    let mut i = 5;
+    std::iter::from_fn(move || {
+        let head = *words.get(i)?;
+        let count = (head >> 16) as usize;
+        if count == 0 || i + count > words.len() {
+            return None;
         }
-        if op == OP_DECORATE
-            && count >= 4
-            && i + 3 < words.len()
-            && words[i + 2] == DECORATION_BINDING
-        {
-            max = max.max(words[i + 3] + 1);
-        }
+        let operands = &words[i + 1..i + count];
         i += count;
-    }
-    max
+        Some((head & 0xFFFF, operands))
+    })
 }
 
-/// Per binding 0..max_binding: `true` for a texel buffer (`samplerBuffer`: an image of
+/// Highest `Binding` decoration + 1 (0 if none).
+fn max_binding(words: &[u32]) -> u32 {
+    instructions(words)
+        .filter(|(op, w)| *op == OP_DECORATE && w.len() >= 3 && w[1] == DECORATION_BINDING)
+        .map(|(_, w)| w[2] + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Per binding 0..max_binding: `true` for a texel buffer (`textureBuffer`: an image of
 /// dimension Buffer, possibly wrapped in a sampled image), `false` for anything else
 /// (storage buffers). Read from OpDecorate/OpVariable/OpTypePointer/OpType*Image.
 fn texel_bindings(words: &[u32]) -> Vec<bool> {
     use std::collections::HashMap;
-    const OP_TYPE_IMAGE: u32 = 25;
-    const OP_TYPE_SAMPLED_IMAGE: u32 = 27;
-    const OP_TYPE_POINTER: u32 = 32;
-    const OP_VARIABLE: u32 = 59;
-    const OP_DECORATE: u32 = 71;
-    const DECORATION_BINDING: u32 = 33;
-    const DIM_BUFFER: u32 = 5;
     let mut binding_of: HashMap<u32, u32> = HashMap::new();
     let mut var_type: HashMap<u32, u32> = HashMap::new();
     let mut pointee: HashMap<u32, u32> = HashMap::new();
     let mut sampled_image: HashMap<u32, u32> = HashMap::new();
     let mut buffer_images: std::collections::HashSet<u32> = Default::default();
-    let mut i = 5;
-    while i < words.len() {
-        let count = (words[i] >> 16) as usize;
-        let op = words[i] & 0xFFFF;
-        if count == 0 || i + count > words.len() {
-            break;
-        }
-        let w = &words[i + 1..i + count];
+    for (op, w) in instructions(words) {
         match op {
             OP_DECORATE if w.len() >= 3 && w[1] == DECORATION_BINDING => {
                 binding_of.insert(w[0], w[2]);
@@ -215,7 +210,6 @@ fn texel_bindings(words: &[u32]) -> Vec<bool> {
             }
             _ => {}
         }
-        i += count;
     }
     let n = max_binding(words) as usize;
     let mut out = vec![false; n];
@@ -231,25 +225,35 @@ fn texel_bindings(words: &[u32]) -> Vec<bool> {
     out
 }
 
-/// Compiles one variant of `comp` to `spv` and returns its words. A module newer than
-/// its sources (`newest`: the latest change to the shader or an include) and built with
-/// the same compiler and flags (its `.stamp` file) is reused, so editing one shader does
-/// not recompile the hundred others.
+/// Whether the module declares an `OpTypeSampledImage` of a `Dim Buffer` image (what
+/// `samplerBuffer` compiles to). Newer SPIR-V validators, Mesa 25's among them, reject it;
+/// `spirv-val` 2023.1 at vulkan1.2 does not, so the build checks it itself.
+fn samples_buffer_image(words: &[u32]) -> bool {
+    let buffer_images: std::collections::HashSet<u32> = instructions(words)
+        .filter(|(op, w)| *op == OP_TYPE_IMAGE && w.len() >= 3 && w[2] == DIM_BUFFER)
+        .map(|(_, w)| w[0])
+        .collect();
+    instructions(words)
+        .any(|(op, w)| op == OP_TYPE_SAMPLED_IMAGE && w.len() >= 2 && buffer_images.contains(&w[1]))
+}
+
+/// Compiles one variant of `comp` to `spv` and returns its words. A module built from the
+/// same sources (`sources`: a hash of the shader and every include) with the same compiler
+/// and flags, as its `.stamp` file records, is reused, so editing one shader does not
+/// recompile the hundred others. Contents, not times: a build directory copied from
+/// another checkout holds modules newer than sources they were not built from.
 fn compile(
     glslc: &str,
     include: &Path,
     comp: &Path,
     v: &Variant,
     spv: &Path,
-    newest: std::time::SystemTime,
+    sources: u64,
 ) -> Vec<u32> {
-    let stamp = format!("{glslc} {}", v.flags.join(" "));
+    let stamp = format!("{glslc} {} sources {sources:016x}", v.flags.join(" "));
     let stamp_path = spv.with_extension("stamp");
-    let same_flags = std::fs::read_to_string(&stamp_path).map_or(true, |s| s == stamp);
-    let newer = std::fs::metadata(spv)
-        .and_then(|m| m.modified())
-        .is_ok_and(|t| t > newest);
-    if !(same_flags && newer) {
+    let same = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+    if !(same && spv.exists()) {
         run_glslc(glslc, include, comp, v, spv);
     }
     std::fs::write(&stamp_path, stamp).expect("write the stamp");
@@ -265,11 +269,17 @@ fn compile(
         .collect()
 }
 
-/// When `p` last changed.
-fn modified(p: &Path) -> std::time::SystemTime {
-    std::fs::metadata(p)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("cannot stat {}: {e}", p.display()))
+/// A hash of the files' contents, in order (the cache key of a module's sources).
+fn hash_files(paths: &[&Path]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in paths {
+        p.hash(&mut h);
+        std::fs::read(p)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+            .hash(&mut h);
+    }
+    h.finish()
 }
 
 fn run_glslc(glslc: &str, include: &Path, comp: &Path, v: &Variant, spv: &Path) {
@@ -309,8 +319,8 @@ struct Job {
     name: String,
     comp: PathBuf,
     variant: Variant,
-    /// The latest change to the shader or an include.
-    newest: std::time::SystemTime,
+    /// A hash of the shader's and every include's contents.
+    sources: u64,
 }
 
 fn main() {
@@ -327,10 +337,8 @@ fn main() {
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     includes.sort();
-    let mut newest_include = std::time::SystemTime::UNIX_EPOCH;
     for inc in &includes {
         println!("cargo:rerun-if-changed={}", inc.display());
-        newest_include = newest_include.max(modified(inc));
     }
 
     let mut comps: Vec<PathBuf> = std::fs::read_dir(&shaders)
@@ -347,14 +355,16 @@ fn main() {
             .file_stem()
             .and_then(|s| s.to_str())
             .expect("utf-8 shader name");
-        let newest = newest_include.max(modified(comp));
+        let mut files: Vec<&Path> = vec![comp.as_path()];
+        files.extend(includes.iter().map(PathBuf::as_path));
+        let sources = hash_files(&files);
         let vs = variants(stem);
         if vs.is_empty() {
             jobs.push(Job {
                 ident: ident_of(stem),
                 name: stem.to_string(),
                 comp: comp.clone(),
-                newest,
+                sources,
                 variant: Variant {
                     name: String::new(),
                     flags: Vec::new(),
@@ -367,7 +377,7 @@ fn main() {
                 ident: ident_of(&name),
                 name,
                 comp: comp.clone(),
-                newest,
+                sources,
                 variant: v,
             });
         }
@@ -385,7 +395,7 @@ fn main() {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
                 let spv = out_dir.join(format!("{}.spv", job.name));
-                let w = compile(&glslc, &include, &job.comp, &job.variant, &spv, job.newest);
+                let w = compile(&glslc, &include, &job.comp, &job.variant, &spv, job.sources);
                 words.lock().expect("no panic while holding the lock")[i] = Some(w);
             });
         }
@@ -401,6 +411,14 @@ fn main() {
     // union over every variant of its shader (all declare the same set 0).
     let mut layouts: std::collections::HashMap<&Path, Vec<bool>> = Default::default();
     for (j, w) in jobs.iter().zip(&words) {
+        assert!(
+            !samples_buffer_image(w),
+            "{} (variant `{}`) declares a sampled image of a buffer: Mesa 25's SPIR-V checks \
+             reject it; read weights through `textureBuffer`/`utextureBuffer` \
+             (GL_EXT_samplerless_texture_functions) instead",
+            j.comp.display(),
+            j.variant.name
+        );
         let kinds = texel_bindings(w);
         let l = layouts.entry(j.comp.as_path()).or_default();
         if l.len() < kinds.len() {

@@ -53,15 +53,15 @@ layout(constant_id = 1) const uint PAIRS = 4u;  // row pairs per invocation (per
 // Weights and input (RGBA32F) are texel buffers: see quant.glsl.
 // Rust twin: engine::kernels::MATMUL_BINDINGS. A variant's compiler drops the bindings
 // it never reads; the layout is the union over the variants (crates/vk/build.rs).
-layout(set = 0, binding = 0) uniform usamplerBuffer w0;
-layout(set = 0, binding = 1) uniform usamplerBuffer w1;  // up (OUT_GLU)
-layout(set = 0, binding = 2) uniform samplerBuffer x4;
+layout(set = 0, binding = 0) uniform utextureBuffer w0;
+layout(set = 0, binding = 1) uniform utextureBuffer w1;  // up (OUT_GLU)
+layout(set = 0, binding = 2) uniform textureBuffer x4;
 layout(std430, set = 0, binding = 3) readonly buffer Aux { float aux[]; };  // next norm weight
 layout(std430, set = 0, binding = 4) buffer Out0 { float out0[]; };
 layout(std430, set = 0, binding = 5) buffer Out1 { float out1[]; };
 layout(std430, set = 0, binding = 6) buffer Out2 { float out2[]; };
 STEP_BUFFER(7)
-layout(set = 0, binding = 8) uniform samplerBuffer xr4;  // raw residual (IN_RMSNORM)
+layout(set = 0, binding = 8) uniform textureBuffer xr4;  // raw residual (IN_RMSNORM)
 
 float dot4(vec4 a, vec4 b, float acc) {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));

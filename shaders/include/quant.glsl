@@ -7,7 +7,7 @@
 // the row length is a multiple of 64 (the host checks that).
 //
 // QUANT_CHUNK(BUF, base, BODY, BLOCK_END) decodes the chunk starting at word `base` of the
-// weight binding BUF (a `usamplerBuffer`: on lavapipe a texel fetch is a plain gather,
+// weight binding BUF (a `utextureBuffer`: on lavapipe a texel fetch is a plain gather,
 // where a storage-buffer load inside control flow becomes a per-lane loop with a bounds
 // check). BODY runs once per group of four consecutive elements ("quad") with
 //   vec4 wq  -- the quad's raw block values q (int8 placed in the top byte, nibble, or the
@@ -88,7 +88,7 @@ vec4 nibbles(uint q, uint shift) {
 #define QUANT_HAS_MIN false
 
 // The 17 words of the chunk at word `base` of an RGBA32UI binding: 5 texel fetches.
-void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2,
+void load17(utextureBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2,
             out uvec4 w3, out uint w4) {
     int t = int(base >> 2u);
     uint sh = base & 3u;
@@ -146,7 +146,7 @@ void load17(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w
 #define QUANT_HAS_MIN true
 
 // The 9 words of the chunk at word `base` of an RGBA32UI binding: 3 texel fetches.
-void load9(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uint w2) {
+void load9(utextureBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uint w2) {
     int t = int(base >> 2u);
     uint sh = base & 3u;
     uvec4 t0 = texelFetch(b, t);
@@ -183,7 +183,7 @@ void load9(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uint w2)
 #define QUANT_HAS_MIN true
 
 // The 10 words of the chunk at word `base` of an RGBA32UI binding: 4 texel fetches.
-void load10(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec2 w2) {
+void load10(utextureBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec2 w2) {
     int t = int(base >> 2u);
     uint sh = base & 3u;
     uvec4 t0 = texelFetch(b, t);

@@ -19,7 +19,7 @@
 
 // The 12 words at word `base` of an RGBA32UI binding (Q5_0 uses the first 11): 4 texel
 // fetches.
-void load12(usamplerBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2) {
+void load12(utextureBuffer b, uint base, out uvec4 w0, out uvec4 w1, out uvec4 w2) {
     int t = int(base >> 2u);
     uint sh = base & 3u;
     uvec4 t0 = texelFetch(b, t);

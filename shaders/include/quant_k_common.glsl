@@ -29,19 +29,19 @@ uvec4 k_funnel(uvec4 a, uint next, bool odd) {
 }
 
 // The word at word w: one texel fetch.
-uint k_word(usamplerBuffer b, uint w) {
+uint k_word(utextureBuffer b, uint w) {
     return word_of(texelFetch(b, int(w >> 2u)), w & 3u);
 }
 
 // The 4 words at word w: 2 fetches (1 under K_TEXEL_ALIGNED).
-uvec4 k_load4w(usamplerBuffer b, uint w) {
+uvec4 k_load4w(utextureBuffer b, uint w) {
     int t = int(w >> 2u);
     int last = int((w + 3u) >> 2u);
     return k_window4(texelFetch(b, t), texelFetch(b, min(t + 1, last)), k_sub(w));
 }
 
 // The 8 words at word w: 3 fetches (2 under K_TEXEL_ALIGNED).
-void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
+void k_load8w(utextureBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
     int t = int(w >> 2u);
     int last = int((w + 7u) >> 2u);
     window8(texelFetch(b, t), texelFetch(b, t + 1), texelFetch(b, min(t + 2, last)), k_sub(w),
@@ -49,7 +49,7 @@ void k_load8w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1) {
 }
 
 // The 16 words at word w: 5 fetches (4 under K_TEXEL_ALIGNED).
-void k_load16w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2,
+void k_load16w(utextureBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2,
                out uvec4 r3) {
     int t = int(w >> 2u);
     int last = int((w + 15u) >> 2u);
@@ -59,7 +59,7 @@ void k_load16w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r
 }
 
 // The 12 words at word w: 4 fetches (3 under K_TEXEL_ALIGNED).
-void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
+void k_load12w(utextureBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r2) {
     int t = int(w >> 2u);
     int last = int((w + 11u) >> 2u);
     uvec4 t2 = texelFetch(b, t + 2);
@@ -69,7 +69,7 @@ void k_load12w(usamplerBuffer b, uint w, out uvec4 r0, out uvec4 r1, out uvec4 r
 }
 
 // The 8 words starting at half-word h: 3 fetches.
-void k_load8h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1) {
+void k_load8h(utextureBuffer b, uint h, out uvec4 r0, out uvec4 r1) {
     int t = int(h >> 3u);
     int last = int((h + 15u) >> 3u);
     uint sh = (h >> 1u) & 3u;
@@ -83,7 +83,7 @@ void k_load8h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1) {
 }
 
 // The 16 words starting at half-word h: 5 fetches.
-void k_load16h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1, out uvec4 r2,
+void k_load16h(utextureBuffer b, uint h, out uvec4 r0, out uvec4 r1, out uvec4 r2,
                out uvec4 r3) {
     int t = int(h >> 3u);
     int last = int((h + 31u) >> 3u);
@@ -102,7 +102,7 @@ void k_load16h(usamplerBuffer b, uint h, out uvec4 r0, out uvec4 r1, out uvec4 r
 
 // The 4 words and the half-word after them (the low 16 bits of .y) starting at half-word
 // h, when h's texel and the next hold all of them: 2 fetches.
-void k_load4h_tail(usamplerBuffer b, uint h, uint nhalf, out uvec4 r, out uint tail) {
+void k_load4h_tail(utextureBuffer b, uint h, uint nhalf, out uvec4 r, out uint tail) {
     int t = int(h >> 3u);
     int last = int((h + nhalf - 1u) >> 3u);
     uint sh = (h >> 1u) & 3u;

@@ -69,8 +69,9 @@ impl MemoryReport {
     pub fn summary(&self) -> String {
         let m = &self.mem;
         format!(
-            "memory: RssAnon {:.1} MiB, RssFile {:.1} MiB, Pss {:.1} MiB, peak RSS {:.1} MiB; model file {:.0}% in page cache",
+            "memory: RssAnon {:.1} MiB, RssShmem {:.1} MiB, RssFile {:.1} MiB, Pss {:.1} MiB, peak RSS {:.1} MiB; model file {:.0}% in page cache",
             m.rss_anon_kb as f64 / 1024.0,
+            m.rss_shmem_kb as f64 / 1024.0,
             m.rss_file_kb as f64 / 1024.0,
             m.pss_kb as f64 / 1024.0,
             m.vm_hwm_kb as f64 / 1024.0,

@@ -44,6 +44,14 @@ impl MemStats {
         Ok(MemStats::parse(&status, &rollup))
     }
 
+    /// Private memory the process holds beyond file pages: `RssAnon + RssShmem`. Where a
+    /// driver keeps device memory differs by version (Mesa 22's lavapipe allocates it
+    /// anonymously, Mesa 25's from a memfd, which the kernel counts as shared memory), so
+    /// a copy of the weights is measured as the sum of the two.
+    pub fn private_kb(&self) -> u64 {
+        self.rss_anon_kb + self.rss_shmem_kb
+    }
+
     /// Parses the two files' contents (separate for tests).
     pub fn parse(status: &str, smaps_rollup: &str) -> MemStats {
         let s = |k| field(status, k).unwrap_or(0);

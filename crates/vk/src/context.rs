@@ -12,6 +12,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use crate::caps::{self, Capabilities};
 use crate::command::CommandBuffer;
 use crate::error::{VkError, VkResultExt};
+use crate::validation::{self, Counters};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 /// How long a fence wait may take before the GPU is declared hung.
@@ -41,8 +42,8 @@ struct InstanceOwner {
     // Field order: `entry` must outlive the instance; it is dropped last.
     instance: ash::Instance,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-    /// Counter the messenger callback writes through; boxed so its address is stable.
-    messages: Box<AtomicU64>,
+    /// Counters the messenger callback writes through; boxed so its address is stable.
+    messages: Box<Counters>,
     /// API version the instance was created with (caps the effective device version).
     api: u32,
     entry: ash::Entry,
@@ -62,35 +63,10 @@ impl Drop for InstanceOwner {
     }
 }
 
-unsafe extern "system" fn on_message(
-    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    kind: vk::DebugUtilsMessageTypeFlagsEXT,
-    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
-    user: *mut c_void,
-) -> vk::Bool32 {
-    // SAFETY: `user` is the address of the boxed counter in `InstanceOwner`, which
-    // outlives the messenger; `data` is valid for the duration of the callback.
-    let counter = unsafe { &*(user as *const AtomicU64) };
-    counter.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: as above; `p_message` is a NUL-terminated string when non-null.
-    let msg = unsafe {
-        data.as_ref()
-            .and_then(|d| (!d.p_message.is_null()).then(|| CStr::from_ptr(d.p_message)))
-            .map(|c| c.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    };
-    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
-        tracing::error!(target: "vk::validation", ?kind, "{msg}");
-    } else {
-        tracing::warn!(target: "vk::validation", ?kind, "{msg}");
-    }
-    vk::FALSE
-}
-
 fn create_instance(validate: bool) -> Result<InstanceOwner, VkError> {
     // SAFETY: loading libvulkan runs its initialisers; we trust the system loader.
     let entry = unsafe { ash::Entry::load() }.map_err(|e| VkError::Loading(e.to_string()))?;
-    let messages = Box::new(AtomicU64::new(0));
+    let messages = Box::<Counters>::default();
     let mut layers = Vec::new();
     let mut exts = Vec::new();
     if validate {
@@ -105,6 +81,8 @@ fn create_instance(validate: bool) -> Result<InstanceOwner, VkError> {
         }
         layers.push(VALIDATION_LAYER.as_ptr());
         exts.push(ash::ext::debug_utils::NAME.as_ptr());
+        // provided by the layer: turns synchronization validation on (below)
+        exts.push(ash::ext::validation_features::NAME.as_ptr());
     }
     // SAFETY: plain query on a loaded entry.
     let loader = unsafe { entry.try_enumerate_instance_version() }
@@ -125,15 +103,19 @@ fn create_instance(validate: bool) -> Result<InstanceOwner, VkError> {
                 | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
                 | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
         )
-        .pfn_user_callback(Some(on_message))
-        .user_data(&*messages as *const AtomicU64 as *mut c_void);
+        .pfn_user_callback(Some(validation::on_message))
+        .user_data(&*messages as *const Counters as *mut c_void);
+    // Hazards between dispatches (a read before the barrier that orders it) are what an
+    // engine that orders layers with barriers gets wrong; the core checks do not see them.
+    let enabled = [vk::ValidationFeatureEnableEXT::SYNCHRONIZATION_VALIDATION];
+    let mut features = vk::ValidationFeaturesEXT::default().enabled_validation_features(&enabled);
     let mut info = vk::InstanceCreateInfo::default()
         .application_info(&app)
         .enabled_layer_names(&layers)
         .enabled_extension_names(&exts);
     if validate {
         // Also catches messages from vkCreateInstance/vkDestroyInstance.
-        info = info.push_next(&mut messenger_info);
+        info = info.push_next(&mut messenger_info).push_next(&mut features);
     }
     // SAFETY: `info` and everything it points to live until the call returns.
     let instance = unsafe { entry.create_instance(&info, None) }.call("vkCreateInstance")?;
@@ -367,9 +349,36 @@ impl Context {
         &self.caps
     }
 
-    /// Validation messages (warnings + errors) seen so far; 0 without validation.
+    /// Validation and driver messages (warnings + errors) seen so far that are not on the
+    /// allow-list ([`crate::validation::ALLOWED`]); 0 without validation.
     pub fn validation_errors(&self) -> u64 {
-        self.instance.messages.load(Ordering::Relaxed)
+        self.instance.messages.errors.load(Ordering::Relaxed)
+    }
+
+    /// Messages let through by id ([`crate::validation::ALLOWED`]) so far.
+    pub fn validation_allowed(&self) -> u64 {
+        self.instance.messages.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Sends a message through the validation messenger as the layer would (for tests of
+    /// the allow-list); does nothing without validation.
+    pub fn submit_debug_message(&self, id: i32, name: &CStr, text: &CStr) {
+        let Some((du, _)) = &self.instance.debug else {
+            return;
+        };
+        let data = vk::DebugUtilsMessengerCallbackDataEXT::default()
+            .message_id_number(id)
+            .message_id_name(name)
+            .message(text);
+        // SAFETY: the instance was created with VK_EXT_debug_utils (that is when `debug`
+        // is set); `data` and its strings live until the call returns.
+        unsafe {
+            du.submit_debug_utils_message(
+                vk::DebugUtilsMessageSeverityFlagsEXT::ERROR,
+                vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION,
+                &data,
+            )
+        };
     }
 
     /// Whether the validation layer is on.
@@ -467,7 +476,12 @@ impl Context {
             }
             self.device.reset_fences(&[q.fence]).call("vkResetFences")?;
         }
-        Ok(())
+        // With validation on, a message that is not on the allow-list fails the work it
+        // came with (and all work after it): a validated run must not pass by printing.
+        match self.validation_errors() {
+            0 => Ok(()),
+            count => Err(VkError::Validation { count }),
+        }
     }
 
     /// `(uniformTexelBufferOffsetAlignmentBytes or minTexelBufferOffsetAlignment,

@@ -88,6 +88,13 @@ pub enum VkError {
     /// A fence wait timed out (device hang).
     #[error("GPU did not finish within {0} s")]
     Timeout(u64),
+    /// Validation is on and the layer or the driver reported messages that are not on
+    /// the allow-list (`vk::validation::ALLOWED`).
+    #[error("the Vulkan validation layer or driver reported {count} message(s) (logged above; validation is on)")]
+    Validation {
+        /// Messages counted so far.
+        count: u64,
+    },
 }
 
 /// Wraps a raw `vk::Result` with the call's name.

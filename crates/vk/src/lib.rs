@@ -24,6 +24,7 @@ mod pipeline;
 mod subgroup;
 pub mod testing;
 mod texel;
+pub mod validation;
 
 pub use ash;
 pub use buffer::{Buffer, BufferBinding, BufferDesc, BufferRef, MemLocation};

@@ -105,7 +105,7 @@ impl Drop for SetAllocator {
 pub enum DescriptorKind {
     /// `buffer` block in GLSL.
     StorageBuffer,
-    /// `samplerBuffer` / `usamplerBuffer` read with `texelFetch`.
+    /// `textureBuffer` / `utextureBuffer` read with `texelFetch` (no sampler).
     UniformTexelBuffer,
 }
 

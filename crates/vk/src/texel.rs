@@ -13,11 +13,11 @@ use crate::Context;
 /// Texel formats the kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TexelFormat {
-    /// One u32 per texel (`usamplerBuffer`, `.x`).
+    /// One u32 per texel (`utextureBuffer`, `.x`).
     R32Uint,
-    /// Four u32 per texel (`usamplerBuffer`).
+    /// Four u32 per texel (`utextureBuffer`).
     Rgba32Uint,
-    /// Four f32 per texel (`samplerBuffer`).
+    /// Four f32 per texel (`textureBuffer`).
     Rgba32Float,
 }
 

@@ -459,3 +459,33 @@ fn sets_and_recordings_keep_what_they_bind_alive() {
     assert_eq!(ctx.live_allocations(), 0);
     assert_eq!(ctx.validation_errors(), 0);
 }
+
+/// A message whose id is not on the allow-list counts as an error, whatever it says; a
+/// driver's message (id 0) does too. Only the ids in `vk::validation::ALLOWED` pass.
+#[test]
+fn a_message_not_on_the_allow_list_fails_the_run() {
+    let Some(ctx) = ctx() else { return };
+    assert!(ctx.validating());
+    assert_eq!(ctx.validation_errors(), 0);
+    // an id no layer uses, with text that reads harmless: still an error
+    let unknown = 0x0bad_c0de;
+    assert!(!vk::validation::allowed(unknown));
+    ctx.submit_debug_message(unknown, c"UNASSIGNED-test", c"harmless-looking text");
+    assert_eq!(ctx.validation_errors(), 1);
+    // what Mesa's own messages look like: id 0, a source location as the name
+    ctx.submit_debug_message(
+        0,
+        c"src/vulkan/runtime/vk_shader_module.c:1",
+        c"driver message",
+    );
+    assert_eq!(ctx.validation_errors(), 2);
+    // every id on the list is let through and counted apart
+    for &(id, _) in vk::validation::ALLOWED {
+        ctx.submit_debug_message(id, c"allowed", c"allowed message");
+    }
+    assert_eq!(ctx.validation_errors(), 2);
+    assert_eq!(
+        ctx.validation_allowed(),
+        vk::validation::ALLOWED.len() as u64
+    );
+}

@@ -63,6 +63,13 @@ pub const FIGURES: &[Figure] = &[
         label: "RssAnon MiB",
         unit: Unit::Kib,
     },
+    // Mesa 25's lavapipe keeps device memory in a memfd: a copy shows up here, not in
+    // RssAnon (a private copy is RssAnon + RssShmem on any driver)
+    Figure {
+        key: "rss_shmem_kb",
+        label: "RssShmem MiB",
+        unit: Unit::Kib,
+    },
     Figure {
         key: "rss_file_kb",
         label: "RssFile MiB",
