@@ -46,9 +46,11 @@ pub(crate) unsafe extern "system" fn on_message(
     // SAFETY: as above; the strings are NUL-terminated when non-null.
     let (id, name, msg) = unsafe {
         let text = |p: *const std::ffi::c_char| {
-            (!p.is_null())
-                .then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
-                .unwrap_or_default()
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
         };
         match data.as_ref() {
             Some(d) => (
