@@ -122,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let api_key = api_key(args.api_key.as_deref())?;
     if api_key.is_none() && !is_loopback(&args.host) {
-        eprintln!(
+        errln!(
             "WARNING: serving on {} without an API key: anyone who can reach this address can use the model. Set VKDECODE_API_KEY (or --api-key KEY) to require one.",
             args.host
         );
@@ -159,7 +159,7 @@ pub fn run(args: Args) -> Result<()> {
     let template = tokenizer::ChatTemplate::from_gguf(file.gguf())
         .context("reading the model's chat template")?;
     if template.is_none() {
-        eprintln!("note: the model has no chat template: /v1/chat/completions answers 400, use /v1/completions");
+        errln!("note: the model has no chat template: /v1/chat/completions answers 400, use /v1/completions");
     }
     let file_name = path
         .file_name()
@@ -209,9 +209,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(guard),
     )?;
     if let Some(note) = &info.ctx_note {
-        eprintln!("{note}");
+        errln!("{note}");
     }
-    eprintln!(
+    errln!(
         "vkdecode serve: {} on {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
         model_id,
         info.device,
@@ -249,7 +249,7 @@ pub fn run(args: Args) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
-        eprintln!("vkdecode serve: listening on http://{local}");
+        errln!("vkdecode serve: listening on http://{local}");
         server::serve(listener, state, shutdown_signal())
             .await
             .context("serving")
@@ -259,7 +259,7 @@ pub fn run(args: Args) -> Result<()> {
     engine_thread
         .join()
         .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
-    eprintln!("vkdecode serve: stopped");
+    errln!("vkdecode serve: stopped");
     Ok(())
 }
 
@@ -341,7 +341,7 @@ async fn shutdown_signal() {
                 s.recv().await;
             }
             Err(e) => {
-                eprintln!("warning: cannot listen for SIGTERM: {e}");
+                errln!("warning: cannot listen for SIGTERM: {e}");
                 std::future::pending::<()>().await
             }
         }
@@ -350,5 +350,5 @@ async fn shutdown_signal() {
         _ = term => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    eprintln!("vkdecode serve: shutting down");
+    errln!("vkdecode serve: shutting down");
 }

@@ -327,3 +327,74 @@ fn a_huge_request_head_is_refused_not_buffered() {
     );
     assert_eq!(s.get("/health").status, 200);
 }
+
+/// Kills the child on drop.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_unwritable_stderr_does_not_stop_the_server() {
+    // a port that was free a moment ago (stderr, where the bound port is printed, is the
+    // thing under test)
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let mut child = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_vkdecode"))
+            .arg("serve")
+            .arg("-m")
+            .arg(serve_common::q8())
+            .args(["--port", &port.to_string(), "-c", "128"])
+            .env_remove("VKDECODE_API_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(full)
+            .spawn()
+            .unwrap(),
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!("serve with 2>/dev/full exited: {status}");
+        }
+        if let Ok(mut c) = TcpStream::connect(&addr) {
+            c.write_all(&request_bytes("GET", "/health", &[], b""))
+                .unwrap();
+            let mut raw = Vec::new();
+            let _ = c.read_to_end(&mut raw);
+            if !raw.is_empty() {
+                assert_eq!(Resp::parse(&raw).status, 200);
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "serve never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}
