@@ -1,6 +1,6 @@
 //! `vkdecode bench`: the A/B of weights imported from the page cache against the
 //! staging copy, each run a fresh child process, arms alternating (A B A B ...) so drift
-//! in the machine's speed hits both. See issue 6 and benches/README.md.
+//! in the machine's speed hits both. See benches/README.md.
 //!
 //! The children are this binary re-executed in benchmark mode (`--prompt-ids`,
 //! `--ignore-eos`, `--stats-json`); the parent only schedules, evicts the page cache

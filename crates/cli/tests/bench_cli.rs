@@ -372,7 +372,7 @@ fn procs_plot_has_pss_versus_n() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The speed figures by themselves (issue 14): time to first token, prefill and decode
+/// The speed figures by themselves: time to first token, prefill and decode
 /// tok/s and their ratio, per arm, in the table, the JSON (`speed` and the summary) and
 /// the plot; a long prompt is exactly `-p` tokens (the text repeated).
 #[test]
@@ -614,7 +614,7 @@ fn vulkan_children_report_the_residency_path_taken() {
         j["weights_path"]
     );
     assert_eq!(j["weights_path"]["copy"], "copy");
-    // device_bytes counts the KV cache too (issue 12 defect 17)
+    // device_bytes counts the KV cache too
     assert!(f(&import["kv_bytes"]) > 0.0, "{import}");
     assert_eq!(
         import["device_bytes"], import["kv_bytes"],

@@ -138,7 +138,7 @@ fn q8_0_model_is_page_aligned_and_matches_llama_cpp() {
         assert_eq!(t["type"], want, "{}", t["name"]);
     }
     // The sha256 of these tensors' data in llama.cpp's `llama-quantize
-    // --allow-requantize <Q4_1> <out> Q8_0` output (issue 2).
+    // --allow-requantize <Q4_1> <out> Q8_0` output.
     let expected = [
         (
             "blk.0.ffn_down.weight",
@@ -319,7 +319,7 @@ fn sha_of(p: &Path) -> String {
     format!("{:x}", Sha256::digest(std::fs::read(p).unwrap()))
 }
 
-// Issue 12 defect 11: `convert X X` replaced its input (exit 0). Fails before the fix.
+// `convert X X` replaced its input (exit 0). Fails before the fix.
 #[test]
 fn convert_refuses_to_write_over_its_input() {
     let dir = scratch("same-file");
@@ -356,7 +356,7 @@ fn convert_refuses_to_write_over_its_input() {
     ok_stdout(&["convert", ins, dir.join("out.gguf").to_str().unwrap()]);
 }
 
-// Issue 12 defect 12: `--align 1` wrote a file the engine refused ("tensor 0 starts at
+// `--align 1` wrote a file the engine refused ("tensor 0 starts at
 // 1785697, not a multiple of 4"). Fails before the fix.
 #[test]
 fn convert_refuses_alignments_the_engine_cannot_use() {
@@ -400,7 +400,7 @@ fn set_tensor_offset(bytes: &mut [u8], name: &str, n_dims: usize, offset: u64) {
     bytes[field..field + 8].copy_from_slice(&offset.to_le_bytes());
 }
 
-// Issue 12 defect 9: tensors aliasing one another's bytes made convert write many times
+// Tensors aliasing one another's bytes made convert write many times
 // the input. Refused (by convert's own bound, and by the reader once it refuses
 // overlapping tensors). Fails before the fix.
 #[test]

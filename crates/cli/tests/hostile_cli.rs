@@ -1,4 +1,4 @@
-//! Issue 12, the command line's half: crafted files and hostile flags get a clear error
+//! Hostile input, the command line's half: crafted files and hostile flags get a clear error
 //! (or a stated limit), never garbage, a panic or a hang. Each test names the defect it
 //! covers and what the binary did before.
 

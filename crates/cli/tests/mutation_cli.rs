@@ -1,4 +1,4 @@
-//! Issue 12's property test, the command line's sample: every numeric scalar metadata key
+//! The hostile-metadata property test, the command line's sample: every numeric scalar metadata key
 //! of the default model set, one at a time, to 0, 1, -1, 2^31, 2^32-1, 2^58, 2^63,
 //! 2^64-1, NaN and inf (167 files; the in-process test in crates/gguf covers the ~2,000
 //! cases through the library), each run through the whole CLI: `inspect`, `tokenize`,

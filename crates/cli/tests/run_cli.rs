@@ -65,7 +65,7 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).expect("stats file is JSON")
 }
 
-/// llama.cpp's greedy continuation of "The capital of France is" on the Q8_0 file (issue 3):
+/// llama.cpp's greedy continuation of "The capital of France is" on the Q8_0 file:
 /// " Paris.\n\nThe answer is: 2018-01-22 12:12:53." then EOS.
 const PARIS: [u64; 29] = [
     7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34, 34, 216, 33,

@@ -96,7 +96,7 @@ fn a_missing_model_is_reported() {
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
 
-/// Issue 12 defect 13: `tokenize` and the main command agree — special-token text is
+/// `tokenize` and the main command agree — special-token text is
 /// plain text unless `--special` is given (before: tokenize parsed it by default).
 #[test]
 fn special_token_text_is_plain_text_by_default() {
@@ -107,7 +107,7 @@ fn special_token_text_is_plain_text_by_default() {
     assert_eq!(stdout_ok(&out), "[2]\n");
 }
 
-/// Issue 12 defect 10: `--file /dev/zero` read without limit (5.5 GB after 12 s). Now
+/// `--file /dev/zero` read without limit (5.5 GB after 12 s). Now
 /// non-regular files are refused at once, and so is a file over the cap.
 #[test]
 fn non_regular_and_huge_files_are_refused() {

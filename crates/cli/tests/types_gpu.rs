@@ -1,4 +1,4 @@
-//! The weight types of issue 13 on a real model: the default model
+//! Every common GGUF weight type on a real model: the default model
 //! (SmolLM2-135M-Instruct Q8_0) rewritten in each type decodes on the GPU as the f32 CPU
 //! reference decodes the same file, and what `inspect` and a load say about a type the
 //! GPU does not read.

@@ -2,8 +2,7 @@
 //! together, for each arm (batched step with the matrix-matrix kernel and the batched
 //! head, the same with the head once per token, the batched step with the one-token
 //! kernel, one submit per slot), arms alternating `SLOTS_ROUNDS` times (default 1;
-//! medians), in one process on one loaded model. Not a test: figures for the README /
-//! issue 15.
+//! medians), in one process on one loaded model. Not a test: figures for the README.
 //!
 //! `cargo run --release -p engine --example slots_throughput -- MODEL.gguf [N] [TOKENS]`
 //! (`SLOTS_PROFILE=1`: also the per-kernel GPU time of the last batched step, 1 slot

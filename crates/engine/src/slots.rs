@@ -1,4 +1,4 @@
-//! Several conversations over one loaded model (issue 15): the conversation API that
+//! Several conversations over one loaded model: the conversation API that
 //! `vkdecode chat` and `vkdecode serve` drive.
 //!
 //! One [`Slots`] holds ONE [`Session`]: one mapping (or copy) of the weights, one set of

@@ -1,7 +1,7 @@
 //! Which tensors the GPU path can read, asked before anything is allocated: `inspect`
 //! shows it per tensor, and a session refuses a file whose forward pass needs a tensor
 //! the kernels cannot read, naming the tensor and its type, before any Vulkan buffer or
-//! import exists (issue 13).
+//! import exists.
 //!
 //! The rules are the kernels' own: a matrix (2-D) is read in place by the matmul and
 //! embedding kernels when [`kernels::supported_weight_type`] says so and its rows are

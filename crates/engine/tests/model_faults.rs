@@ -1,4 +1,4 @@
-//! Broken models give a typed error, never a wrong token (issue 12): a tiny synthetic
+//! Broken models give a typed error, never a wrong token: a tiny synthetic
 //! model (the project's own GGUF writer) with one tensor spoiled in a temporary copy.
 
 mod common;

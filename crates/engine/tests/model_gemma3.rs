@@ -1,4 +1,4 @@
-//! Acceptance (issue 13): Gemma 3 270M on the GPU equals the reference.
+//! Acceptance: Gemma 3 270M on the GPU equals the reference.
 //! - greedy ids for 32 tokens on the issue's four prompts (a divergence is accepted only
 //!   where the reference's top-2 margin is under the logit tolerance, and reported);
 //! - first-position logits within 0.002 of the reference's;

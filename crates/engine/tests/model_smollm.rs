@@ -1,6 +1,6 @@
 //! The default model (SmolLM2-135M-Instruct, Q8_0 made by `vkdecode convert` and the
 //! Q4_1 original, both in models/ from `models/fetch`) on the GPU against the f32 CPU
-//! reference and against llama.cpp's Vulkan backend as recorded in issue 5.
+//! reference and against llama.cpp's Vulkan backend as recorded when llama.cpp was run here.
 //!
 //! Tolerance on logits: TOL = 0.002 absolute (the logits are O(10), so ~1e-4 relative).
 //! The GPU sums in a different order than the reference over 30 layers; the largest
@@ -204,7 +204,7 @@ fn row_per_lane_fallback_matches_reference() {
 /// (prompt, greedy ids, first-position top-5 (id, logit)) recorded with llama.cpp-Vulkan.
 type RecordedCase = (Vec<u32>, Vec<u32>, [(u32, f32); 5]);
 
-/// Issue 5's recorded llama.cpp-Vulkan runs on lavapipe, Q4_1.
+/// Recorded llama.cpp-Vulkan runs on lavapipe, Q4_1.
 #[test]
 fn q4_1_matches_recorded_llama_cpp_vulkan() {
     let Some(ctx) = ctx() else { return };

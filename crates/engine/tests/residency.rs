@@ -1,4 +1,4 @@
-//! Acceptance tests of weight residency on the default model (issue 4): the GPU reads
+//! Acceptance tests of weight residency on the default model: the GPU reads
 //! every tensor's bytes identically through import and copy, equal to the CPU checksum
 //! of the file, for the Q8_0 (4096-aligned) and Q4_1 (32-byte aligned) files and with
 //! a 1 MiB cap; every fallback is forced and checked. Validation on, zero messages.

@@ -1,4 +1,4 @@
-//! Issue 12, defect 3: a model file truncated under a run with imported weights gives one
+//! A model file truncated under a run with imported weights gives one
 //! line naming the file and the cause, and exit status 74, not a bare SIGBUS (135).
 //!
 //! The case runs in a child process (this test binary re-run with `CHILD` set): the

@@ -1,4 +1,4 @@
-//! Several conversations over one loaded model (issue 15, `engine::Slots`) on the default
+//! Several conversations over one loaded model (`engine::Slots`) on the default
 //! model: slots interleaved give the same ids as each alone and as the one-shot
 //! generator; a second chat turn prefills only its new tokens and answers as a fresh
 //! prefill of the same prompt does; the slot with the longest common prefix is picked;

@@ -1,5 +1,5 @@
-//! The parser's own allocation stays near the size of what it parses (issue 12 defect
-//! 8: a 50M-element u8 metadata array took 32 bytes per element, 1.6 GB).
+//! The parser's own allocation stays near the size of what it parses (before:
+//! a 50M-element u8 metadata array took 32 bytes per element, 1.6 GB).
 //!
 //! A counting global allocator records the peak bytes live; this binary holds this one
 //! test so no other test's allocations are counted.

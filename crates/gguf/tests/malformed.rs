@@ -472,7 +472,7 @@ fn accessor_errors_name_the_key() {
 
 #[test]
 fn overlapping_tensor_data_is_refused_naming_both() {
-    // Issue 12 defect 9: aliases of one tensor's bytes made `convert` write each alias.
+    // Aliases of one tensor's bytes made `convert` write each alias.
     let raw = Raw::header(3, 3, 0)
         .tensor("a", &[16], GgmlType::F32 as u32, 0)
         .tensor("b", &[8], GgmlType::F32 as u32, 64)

@@ -1,4 +1,4 @@
-//! A model path that is not a regular file is refused at once (issue 12 defect 6:
+//! A model path that is not a regular file is refused at once (before:
 //! opening a FIFO blocked forever, waiting for a writer).
 
 use std::sync::mpsc;

@@ -1,4 +1,4 @@
-//! Acceptance (issue 13): the reference forward pass on Gemma 3 270M Q4_K_M agrees with
+//! Acceptance: the reference forward pass on Gemma 3 270M Q4_K_M agrees with
 //! llama.cpp (d775b8967, CPU) run on a copy of the file with every weight dequantized to
 //! F32, the yardstick the issue records: first-position top-5 logits within 0.03 on four
 //! prompts, and two greedy texts (up to the first top-2 margin under 0.02 of that run).

@@ -1,4 +1,4 @@
-//! Acceptance (issue 3): greedy decoding of the default model matches llama.cpp's CPU
+//! Acceptance: greedy decoding of the default model matches llama.cpp's CPU
 //! backend on the same files, as recorded in the issue.
 //!
 //! Needs `models/SmolLM2-135M-Instruct.Q8_0.gguf` and `.Q4_1.gguf` (run `models/fetch`).

@@ -1,4 +1,4 @@
-//! Issue 12, defect 1 (reference part): a crafted `context_length` (2^58, 2^32-1, 2^64-1)
+//! The reference's part: a crafted `context_length` (2^58, 2^32-1, 2^64-1)
 //! used to wrap `ctx_len·kv_dim`, then panic ("range end index 192 out of range for slice
 //! of length 0") or abort on allocation ("memory allocation of 3298534882560 bytes
 //! failed", "capacity overflow"). The KV cache is now sized with checked arithmetic and

@@ -561,7 +561,7 @@ mod tests {
 
     #[test]
     fn runaway_loops_stop_at_the_fuel_limit() {
-        // Issue 12 defect 4: this grew memory without end.
+        // This grew memory without end.
         let t = ChatTemplate::new(
             "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
         )

@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_million_letter_word_splits_without_a_regex_error() {
-        // Issue 12 defect 17: "Max stack size exceeded for backtracking".
+        // A crafted input once gave "Max stack size exceeded for backtracking".
         for (kind, unit) in [
             (PreKind::Smollm, "a"),
             (PreKind::Gpt2, " "),

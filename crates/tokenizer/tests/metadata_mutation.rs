@@ -1,4 +1,4 @@
-//! Issue 12's in-process property test: every numeric metadata key of the default model
+//! The in-process hostile-metadata property test: every numeric metadata key of the default model
 //! (and its two bools), one at a time, set to 0, 1, -1, 2^31, 2^32-1, 2^58, 2^63,
 //! 2^64-1, NaN and inf and a few neighbours, in every numeric type that can hold the
 //! value, and also as a bool, a string, or removed: over 2,000 files through the

@@ -286,7 +286,7 @@ fn broken_metadata_is_reported() {
 
 #[test]
 fn special_ids_outside_the_vocabulary_are_refused() {
-    // Issue 12 defect 16: an out-of-range bos_token_id with add_bos_token became id 11.
+    // An out-of-range bos_token_id with add_bos_token became id 11.
     let mut meta = vec![
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("gpt2".into())),

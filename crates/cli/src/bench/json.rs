@@ -100,7 +100,7 @@ pub fn first_stat(b: &Bench, arm: Option<usize>, keys: &[&str]) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// The whole benchmark as JSON (see issue 6 and benches/README.md).
+/// The whole benchmark as JSON (see benches/README.md).
 pub fn to_json(b: &Bench, summary: &Summary) -> Value {
     let mut arms = Map::new();
     for (i, arm) in b.arms.iter().enumerate() {

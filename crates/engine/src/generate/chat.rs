@@ -1,5 +1,5 @@
 //! A chat prompt: the model's template rendered over the messages, then tokenized so that
-//! only the template's own markup becomes control tokens (issue 12, defect 13). The
+//! only the template's own markup becomes control tokens. The
 //! splitting is the tokenizer's (`ChatTemplate::render_chat`, `Tokenizer::encode_chat`);
 //! this is the one call the generation API and the CLI share.
 

@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn kv_bytes_are_checked() {
         let cfg = smollm(8192);
-        // 2 · 30 · 8192 · 192 · 4: the 377 MB of issue 12.
+        // 2 · 30 · 8192 · 192 · 4: the 377 MB a crafted context length once made the engine allocate.
         assert_eq!(kv_cache_bytes(&cfg, 8192), Some(377_487_360));
         assert_eq!(kv_cache_bytes(&cfg, 1 << 58), None);
         assert_eq!(kv_cache_bytes(&cfg, u64::MAX), None);

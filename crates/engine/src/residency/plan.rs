@@ -1,7 +1,7 @@
 //! The shard planner: a pure function from tensor ranges and device limits to
 //! page-aligned import windows ("shards") and per-tensor bindings.
 //!
-//! Rules (issue 4): every shard starts and ends on the import alignment and is no
+//! Rules: every shard starts and ends on the import alignment and is no
 //! larger than the cap; every tensor, or for a tensor too large for one shard or one
 //! binding, every row range of it, lies wholly inside one shard (shards may overlap);
 //! every bound offset is a multiple of `minStorageBufferOffsetAlignment` with the rest

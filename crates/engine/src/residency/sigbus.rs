@@ -1,5 +1,5 @@
 //! One clear line instead of a bare signal when the mapped model file shrinks or is
-//! rewritten under a run (issue 12, defect 3).
+//! rewritten under a run.
 //!
 //! The weights are the file's own pages (`--weights import`, and `auto` on integrated
 //! and CPU devices). Truncating the file, or copying another file over it, takes pages

@@ -1,4 +1,4 @@
-//! One submit advancing several slots by one token each (issue 15): the slots' tokens are
+//! One submit advancing several slots by one token each: the slots' tokens are
 //! one batch, so every layer's matmuls are a small matrix-matrix product over the slots
 //! and each weight is read once per step whatever the concurrency. Each token carries its
 //! own position and cache row in the step buffer (`STEP_POS`, `STEP_ROW`), so rope, the
