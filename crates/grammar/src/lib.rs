@@ -1,0 +1,70 @@
+//! Constrained decoding: grammars that restrict which tokens a model may sample.
+//!
+//! Three parts, independent of the engine:
+//!
+//! - **GBNF** ([`CompiledGrammar::from_gbnf`]): the grammar syntax llama.cpp documents in
+//!   <https://github.com/ggml-org/llama.cpp/blob/master/grammars/README.md>. Grammars
+//!   match Unicode code points of the UTF-8 output. Groups and repetitions are lowered to
+//!   generated rules (`x{m,n}`: m copies then a chain of n-m optionals), so the compiled
+//!   form is plain rules whose alternatives are runs of character sets and rule
+//!   references. Left recursion (also through empty-matching prefixes) is refused at
+//!   compile time.
+//! - **JSON schema** ([`json_schema_to_gbnf`], [`CompiledGrammar::from_json_schema`]):
+//!   a subset of JSON schema turned into GBNF text; any keyword that would constrain
+//!   values but is not enforced is an error, never silently dropped. See [`json_schema`].
+//! - **Token matcher** ([`Matcher`]): the per-request state that yields a [`TokenMask`] per
+//!   step and advances by the sampled token.
+//!
+//! # The automaton
+//!
+//! The parser is a pushdown recogniser that keeps every live parse at once: a parse is a
+//! stack of grammar positions (top = next character set to match, below = where to resume
+//! when the rule above ends), and the state is the set of live stacks. Stacks are
+//! hash-consed `(position, parent)` nodes, so they share tails, and stack sets are
+//! interned, so a state is an integer. References in tail position do not push, so
+//! repetitions loop in place and a JSON string keeps returning to the same state.
+//!
+//! Tokens are bytes, not characters, so the matcher runs a byte-level automaton on top:
+//! a state is (stack set, bytes of an incomplete UTF-8 character). A partial character is
+//! kept only if some code point it can still become is allowed by some stack, so a token
+//! that ends mid-character is allowed exactly when a continuation exists. Each byte-level
+//! state gets a 256-entry transition table, filled lazily; the automaton is a lazily
+//! built DFA over stack sets.
+//!
+//! # Why the trie
+//!
+//! Tokens share prefixes (` the`, ` then`, ` there`). The vocabulary is stored once as a
+//! byte trie; a mask is one depth-first walk from the current state, following cached
+//! transitions and cutting off a whole subtree at the first byte no stack survives. A
+//! state's finished mask is cached too, so the states a JSON value returns to over and
+//! over (inside a string, between array items) cost a copy of the bitset.
+//!
+//! # What is exact
+//!
+//! The mask is exact: a token is allowed if and only if its bytes are a prefix of some
+//! sentence of the grammar (with a pending partial character counted as allowed when a
+//! completion exists), and end-of-generation only when the text is complete. It does not
+//! look ahead further: a token can be allowed that leads to a state from which the
+//! vocabulary cannot finish (only possible if the vocabulary lacks some characters).
+//! Ambiguous grammars keep at most [`MAX_STACKS`] live stacks; beyond that matching
+//! fails with [`MatchError::TooManyStacks`] instead of growing without bound.
+#![forbid(unsafe_code)]
+
+mod automaton;
+mod charset;
+mod compile;
+mod error;
+pub mod json_schema;
+mod mask;
+mod matcher;
+mod parse;
+mod vocab;
+
+pub use automaton::MAX_STACKS;
+pub use compile::CompiledGrammar;
+pub use error::{GrammarError, GrammarErrorKind, MatchError, SchemaError};
+pub use json_schema::{json_schema_to_gbnf, ANY_JSON_OBJECT_GBNF, ANY_JSON_VALUE_GBNF};
+pub use mask::TokenMask;
+pub use matcher::Matcher;
+pub use parse::MAX_REPEAT;
+pub use vocab::Vocab;

@@ -1,0 +1,200 @@
+//! Per-request token matcher: which tokens may come next, and advancing by a token.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::automaton::{Automaton, DEAD, OVERFLOW};
+use crate::compile::CompiledGrammar;
+use crate::error::MatchError;
+use crate::mask::TokenMask;
+use crate::vocab::Vocab;
+use crate::MAX_STACKS;
+
+/// Bytes of cached masks kept per matcher before the cache is dropped and rebuilt.
+const MASK_CACHE_BYTES: usize = 64 << 20;
+
+/// Tracks one generation against a grammar, token by token.
+///
+/// Per step: [`fill_mask`](Matcher::fill_mask), sample among the allowed tokens, then
+/// [`accept`](Matcher::accept) the sampled one.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    grammar: Arc<CompiledGrammar>,
+    vocab: Arc<Vocab>,
+    auto: Automaton,
+    state: u32,
+    finished: bool,
+    /// Mask (as bitset words, eos excluded) of each state met at a token boundary.
+    masks: HashMap<u32, Box<[u64]>>,
+    walk: Vec<(u32, u32)>,
+}
+
+impl Matcher {
+    /// A matcher at the start of `grammar`. Both are shared: a [`Vocab`] is built once per
+    /// tokenizer, a grammar once per request or schema.
+    pub fn new(grammar: Arc<CompiledGrammar>, vocab: Arc<Vocab>) -> Result<Self, MatchError> {
+        let (auto, state) = Automaton::new(&grammar)?;
+        Ok(Matcher {
+            grammar,
+            vocab,
+            auto,
+            state,
+            finished: false,
+            masks: HashMap::new(),
+            walk: Vec::new(),
+        })
+    }
+
+    /// Sets exactly the tokens whose bytes keep the grammar alive (the whole token matches
+    /// a prefix of some sentence of the grammar, split UTF-8 characters included), plus the
+    /// end-of-generation tokens when the text so far is complete. `mask` must cover the
+    /// vocabulary; see [`TokenMask::new`].
+    pub fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), MatchError> {
+        assert_eq!(
+            mask.len(),
+            self.vocab.len(),
+            "mask size differs from the vocabulary"
+        );
+        mask.clear();
+        if self.finished || self.state == DEAD {
+            return Ok(());
+        }
+        if let Some(words) = self.masks.get(&self.state) {
+            mask.copy_from_words(words);
+        } else {
+            self.walk_trie(mask)?;
+            let bytes = mask.words().len() * 8;
+            if (self.masks.len() + 1) * bytes > MASK_CACHE_BYTES {
+                self.masks.clear();
+            }
+            self.masks.insert(self.state, mask.words().into());
+        }
+        if self.is_complete() {
+            for &e in self.vocab.eos() {
+                mask.set(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Depth-first walk of the vocabulary trie from the current state, pruning a subtree
+    /// as soon as its prefix is dead.
+    fn walk_trie(&mut self, mask: &mut TokenMask) -> Result<(), MatchError> {
+        let trie = &self.vocab.trie;
+        let g = &*self.grammar;
+        self.walk.clear();
+        self.walk.push((0, self.state));
+        while let Some((node, state)) = self.walk.pop() {
+            let n = node as usize;
+            if node != 0 {
+                for &t in
+                    &trie.tokens[trie.token_start[n] as usize..trie.token_start[n + 1] as usize]
+                {
+                    mask.set(t);
+                }
+            }
+            for &(b, child) in
+                &trie.edges[trie.edge_start[n] as usize..trie.edge_start[n + 1] as usize]
+            {
+                match self.auto.next(g, state, b) {
+                    DEAD => {}
+                    OVERFLOW => return Err(MatchError::TooManyStacks { limit: MAX_STACKS }),
+                    next => self.walk.push((child, next)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Advances by one sampled token. A token the grammar does not allow is an error and
+    /// leaves the matcher unchanged; an end-of-generation token is accepted only when the
+    /// text is complete, and finishes the matcher.
+    pub fn accept(&mut self, token: u32) -> Result<(), MatchError> {
+        if self.finished {
+            return Err(MatchError::Finished);
+        }
+        if token as usize >= self.vocab.len() {
+            return Err(MatchError::UnknownToken(token));
+        }
+        if self.vocab.is_eos(token) {
+            if !self.is_complete() {
+                return Err(MatchError::NotComplete { token });
+            }
+            self.finished = true;
+            return Ok(());
+        }
+        let vocab = Arc::clone(&self.vocab);
+        let bytes = vocab.token_bytes(token);
+        if bytes.is_empty() {
+            return Err(MatchError::Rejected { token });
+        }
+        match self.advance(bytes)? {
+            true => Ok(()),
+            false => Err(MatchError::Rejected { token }),
+        }
+    }
+
+    /// Advances by raw bytes (a prompt prefix the grammar must also cover, say). Returns
+    /// false, leaving the matcher unchanged, when the bytes would kill the grammar.
+    pub fn accept_bytes(&mut self, bytes: &[u8]) -> Result<bool, MatchError> {
+        if self.finished {
+            return Err(MatchError::Finished);
+        }
+        self.advance(bytes)
+    }
+
+    /// Whether `bytes` would keep the grammar alive from here, without advancing: the
+    /// per-token test a mask summarises, for checks and one-off questions.
+    pub fn allows_bytes(&mut self, bytes: &[u8]) -> Result<bool, MatchError> {
+        if self.finished {
+            return Ok(false);
+        }
+        Ok(self.walk_bytes(bytes)?.is_some())
+    }
+
+    fn advance(&mut self, bytes: &[u8]) -> Result<bool, MatchError> {
+        match self.walk_bytes(bytes)? {
+            Some(state) => {
+                self.state = state;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn walk_bytes(&mut self, bytes: &[u8]) -> Result<Option<u32>, MatchError> {
+        let mut state = self.state;
+        for &b in bytes {
+            if state == DEAD {
+                return Ok(None);
+            }
+            state = match self.auto.next(&self.grammar, state, b) {
+                OVERFLOW => return Err(MatchError::TooManyStacks { limit: MAX_STACKS }),
+                s => s,
+            };
+        }
+        Ok((state != DEAD).then_some(state))
+    }
+
+    /// The text so far is a complete sentence of the grammar (no partial UTF-8 pending),
+    /// so an end-of-generation token is allowed.
+    pub fn is_complete(&self) -> bool {
+        self.finished || (self.state != DEAD && self.auto.is_complete(self.state))
+    }
+
+    /// Nothing more can be generated: an end-of-generation token was accepted, or the
+    /// grammar is complete and admits no further character (the caller should stop).
+    pub fn is_dead(&self) -> bool {
+        self.finished || self.state == DEAD || !self.auto.can_continue(self.state)
+    }
+
+    /// An end-of-generation token has been accepted.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Number of automaton states built so far (grows lazily as decoding explores).
+    pub fn state_count(&self) -> usize {
+        self.auto.state_count()
+    }
+}
