@@ -28,7 +28,7 @@
 //! Generated text stays within a subset of JSON, so a model cannot loop: whitespace is
 //! at most one optional run (a space, tab or newline followed by up to 20 spaces or tabs)
 //! between tokens, and numbers have at most 19 integer digits, 16 fraction digits and a
-//! 3-digit exponent.
+//! 2-digit exponent (so every number is finite as an `f64`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -48,7 +48,7 @@ char ::= [^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 string ::= "\"" char* "\""
 uint ::= "0" | [1-9] [0-9]{0,18}
 frac ::= "." [0-9]{1,16}
-exp ::= [eE] [-+]? [0-9]{1,3}
+exp ::= [eE] [-+]? [0-9]{1,2}
 integer ::= "-"? uint
 number ::= "-"? uint frac? exp?
 boolean ::= "true" | "false"
