@@ -45,6 +45,9 @@ pub enum GrammarErrorKind {
 /// A JSON schema that cannot be turned into a grammar.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
+    /// The schema text is not JSON.
+    #[error("schema is not valid JSON: {0}")]
+    Json(String),
     /// A keyword this converter does not enforce; ignoring it would let invalid output through.
     #[error("unsupported keyword `{keyword}` at {path}")]
     Unsupported { keyword: String, path: String },

@@ -37,6 +37,7 @@ use serde_json::{Map, Value};
 
 use crate::compile::CompiledGrammar;
 use crate::error::SchemaError;
+use crate::key_order::{key_order, KeyOrder};
 use crate::parse::MAX_REPEAT;
 
 /// Rules shared by every generated grammar: whitespace, strings, numbers, any value.
@@ -103,9 +104,19 @@ const SUPPORTED: &[&str] = &[
 ];
 
 impl CompiledGrammar {
-    /// Compiles a JSON schema (the subset described in [`crate::json_schema`]).
-    pub fn from_json_schema(schema: &Value) -> Result<Self, SchemaError> {
+    /// Compiles a JSON schema given as text (the subset described in
+    /// [`crate::json_schema`]); properties are generated in the order the text lists them.
+    pub fn from_json_schema(schema: &str) -> Result<Self, SchemaError> {
         Ok(CompiledGrammar::from_gbnf(&json_schema_to_gbnf(schema)?)?)
+    }
+
+    /// Compiles a parsed JSON schema; properties come in the order the `Value` iterates
+    /// them, which with serde_json's default features is sorted by key. Prefer
+    /// [`from_json_schema`](Self::from_json_schema) when the text is at hand.
+    pub fn from_json_schema_value(schema: &Value) -> Result<Self, SchemaError> {
+        Ok(CompiledGrammar::from_gbnf(&json_schema_value_to_gbnf(
+            schema,
+        )?)?)
     }
 
     /// The grammar of any JSON object, for `response_format: json_object`.
@@ -115,11 +126,26 @@ impl CompiledGrammar {
     }
 }
 
-/// Converts a JSON schema to GBNF text whose `root` matches the valid instances the
-/// converter can generate (see the module docs for the subset).
-pub fn json_schema_to_gbnf(schema: &Value) -> Result<String, SchemaError> {
+/// Converts a JSON schema, given as text, to GBNF whose `root` matches the valid
+/// instances the converter can generate (see the module docs for the subset). Object
+/// properties are generated in the order the text lists them.
+pub fn json_schema_to_gbnf(schema: &str) -> Result<String, SchemaError> {
+    let value: Value =
+        serde_json::from_str(schema).map_err(|e| SchemaError::Json(e.to_string()))?;
+    let order = key_order(schema).map_err(|e| SchemaError::Json(e.to_string()))?;
+    convert(&value, order)
+}
+
+/// Like [`json_schema_to_gbnf`] for a parsed schema, with properties in the order the
+/// `Value` iterates them (sorted by key under serde_json's default features).
+pub fn json_schema_value_to_gbnf(schema: &Value) -> Result<String, SchemaError> {
+    convert(schema, KeyOrder::new())
+}
+
+fn convert(schema: &Value, order: KeyOrder) -> Result<String, SchemaError> {
     let mut c = Converter {
         root: schema,
+        order,
         rules: Vec::new(),
         taken: HashMap::new(),
         refs: HashMap::new(),
@@ -135,6 +161,7 @@ pub fn json_schema_to_gbnf(schema: &Value) -> Result<String, SchemaError> {
 
 struct Converter<'a> {
     root: &'a Value,
+    order: KeyOrder,
     rules: Vec<(String, String)>,
     taken: HashMap<String, usize>,
     refs: HashMap<String, String>,
@@ -428,8 +455,15 @@ impl Converter<'_> {
                 ))
             }
         }
+        let mut keys: Vec<String> = props.keys().cloned().collect();
+        if let Some(order) = self.order.get(&format!("{path}/properties")) {
+            if order.len() == keys.len() && order.iter().all(|k| props.contains_key(k)) {
+                keys.clone_from(order);
+            }
+        }
         let mut kvs = Vec::new();
-        for (key, schema) in props {
+        for key in keys {
+            let schema = &props[&key];
             let value = self.visit(schema, &format!("{path}/properties/{key}"))?;
             let key_lit = literal(&Value::String(key.clone()).to_string());
             kvs.push((

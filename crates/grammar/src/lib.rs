@@ -55,6 +55,7 @@ mod charset;
 mod compile;
 mod error;
 pub mod json_schema;
+mod key_order;
 mod mask;
 mod matcher;
 mod parse;
@@ -63,7 +64,9 @@ mod vocab;
 pub use automaton::MAX_STACKS;
 pub use compile::CompiledGrammar;
 pub use error::{GrammarError, GrammarErrorKind, MatchError, SchemaError};
-pub use json_schema::{json_schema_to_gbnf, ANY_JSON_OBJECT_GBNF, ANY_JSON_VALUE_GBNF};
+pub use json_schema::{
+    json_schema_to_gbnf, json_schema_value_to_gbnf, ANY_JSON_OBJECT_GBNF, ANY_JSON_VALUE_GBNF,
+};
 pub use mask::TokenMask;
 pub use matcher::Matcher;
 pub use parse::MAX_REPEAT;

@@ -6,13 +6,15 @@ mod common;
 use std::sync::Arc;
 
 use common::{accepts, random_walk, synthetic_vocab, EOS};
-use grammar::{json_schema_to_gbnf, CompiledGrammar, SchemaError, Vocab};
+use grammar::{
+    json_schema_to_gbnf, json_schema_value_to_gbnf, CompiledGrammar, SchemaError, Vocab,
+};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Value};
 
 fn compile(schema: &Value) -> Arc<CompiledGrammar> {
-    let gbnf = json_schema_to_gbnf(schema).unwrap_or_else(|e| panic!("{e}"));
+    let gbnf = json_schema_value_to_gbnf(schema).unwrap_or_else(|e| panic!("{e}"));
     Arc::new(CompiledGrammar::from_gbnf(&gbnf).unwrap_or_else(|e| panic!("{e}\n{gbnf}")))
 }
 
@@ -363,7 +365,7 @@ fn unsupported_keywords_name_keyword_and_path() {
         (json!({"allOf": [{"type": "integer"}]}), "allOf", "#"),
     ];
     for (schema, keyword, path) in cases {
-        let err = json_schema_to_gbnf(&schema).expect_err("must be refused");
+        let err = json_schema_value_to_gbnf(&schema).expect_err("must be refused");
         assert_eq!(
             err,
             SchemaError::Unsupported {
@@ -374,15 +376,33 @@ fn unsupported_keywords_name_keyword_and_path() {
         );
     }
     assert!(matches!(
-        json_schema_to_gbnf(&json!({"$ref": "http://example.com/x"})),
+        json_schema_value_to_gbnf(&json!({"$ref": "http://example.com/x"})),
         Err(SchemaError::BadRef { .. })
     ));
     assert!(matches!(
-        json_schema_to_gbnf(&json!({"type": "number", "minimum": 0.5})),
+        json_schema_value_to_gbnf(&json!({"type": "number", "minimum": 0.5})),
         Err(SchemaError::Invalid { keyword, .. }) if keyword == "minimum"
     ));
     assert!(matches!(
-        json_schema_to_gbnf(&json!({"type": "string", "enum": ["a"]})),
+        json_schema_value_to_gbnf(&json!({"type": "string", "enum": ["a"]})),
         Err(SchemaError::Invalid { .. })
+    ));
+}
+
+#[test]
+fn properties_follow_the_text_order() {
+    let text = r#"{"type": "object", "properties": {"zeta": {"type": "null"}, "alpha": {"type": "null"}}, "required": ["zeta", "alpha"]}"#;
+    let g = Arc::new(CompiledGrammar::from_json_schema(text).unwrap());
+    assert!(accepts(&g, r#"{"zeta":null,"alpha":null}"#));
+    assert!(!accepts(&g, r#"{"alpha":null,"zeta":null}"#));
+    // Nested, and under $defs.
+    let text = r##"{"$defs": {"p": {"properties": {"y": {"const": 1}, "x": {"const": 2}}, "required": ["y", "x"]}},
+                   "type": "object", "properties": {"in": {"$ref": "#/$defs/p"}}, "required": ["in"]}"##;
+    let g = Arc::new(CompiledGrammar::from_json_schema(text).unwrap());
+    assert!(accepts(&g, r#"{"in":{"y":1,"x":2}}"#));
+    assert!(!accepts(&g, r#"{"in":{"x":2,"y":1}}"#));
+    assert!(matches!(
+        json_schema_to_gbnf("{"),
+        Err(SchemaError::Json(_))
     ));
 }

@@ -171,3 +171,4 @@ pub fn assert_mask_matches_brute_force(m: &mut Matcher, vocab: &Vocab) {
     m.fill_mask(&mut again).expect("mask");
     assert_eq!(mask, again);
 }
+pub mod gguf_vocab;
