@@ -30,7 +30,7 @@
 //! between tokens, and numbers have at most 19 integer digits, 16 fraction digits and a
 //! 2-digit exponent (so every number is finite as an `f64`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
@@ -147,7 +147,7 @@ fn convert(schema: &Value, order: KeyOrder) -> Result<String, SchemaError> {
         root: schema,
         order,
         rules: Vec::new(),
-        taken: HashMap::new(),
+        taken: HashSet::new(),
         refs: HashMap::new(),
     };
     let body = c.visit(schema, "#")?;
@@ -163,7 +163,7 @@ struct Converter<'a> {
     root: &'a Value,
     order: KeyOrder,
     rules: Vec<(String, String)>,
-    taken: HashMap<String, usize>,
+    taken: HashSet<String>,
     refs: HashMap<String, String>,
 }
 
@@ -224,9 +224,14 @@ impl Converter<'_> {
         } else {
             format!("s-{base}")
         };
-        let n = self.taken.entry(base.clone()).or_insert(0);
-        *n += 1;
-        let name = if *n == 1 { base } else { format!("{base}-{n}") };
+        // Numbered suffixes can meet another hint's name ("object-2"): probe until free.
+        let mut name = base.clone();
+        let mut n = 1;
+        while self.taken.contains(&name) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+        self.taken.insert(name.clone());
         self.rules.push((name.clone(), body));
         name
     }

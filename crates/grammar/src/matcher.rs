@@ -22,11 +22,13 @@ pub struct Matcher {
     grammar: Arc<CompiledGrammar>,
     vocab: Arc<Vocab>,
     auto: Automaton,
+    start: u32,
     state: u32,
     finished: bool,
     /// Mask (as bitset words, eos excluded) of each state met at a token boundary.
     masks: HashMap<u32, Box<[u64]>>,
-    walk: Vec<(u32, u32)>,
+    /// Scratch for the trie walk: the state at each depth of the current path.
+    walk: Vec<u32>,
 }
 
 impl Matcher {
@@ -38,11 +40,19 @@ impl Matcher {
             grammar,
             vocab,
             auto,
+            start: state,
             state,
             finished: false,
             masks: HashMap::new(),
             walk: Vec::new(),
         })
+    }
+
+    /// Back to the start of the grammar, keeping the automaton and masks built so far: a
+    /// matcher can serve one request after another with the same grammar.
+    pub fn reset(&mut self) {
+        self.state = self.start;
+        self.finished = false;
     }
 
     /// Sets exactly the tokens whose bytes keep the grammar alive (the whole token matches
@@ -77,29 +87,30 @@ impl Matcher {
         Ok(())
     }
 
-    /// Depth-first walk of the vocabulary trie from the current state, pruning a subtree
-    /// as soon as its prefix is dead.
+    /// Walks the vocabulary trie from the current state in one forward scan, skipping a
+    /// whole subtree as soon as its prefix is dead.
     fn walk_trie(&mut self, mask: &mut TokenMask) -> Result<(), MatchError> {
         let trie = &self.vocab.trie;
         let g = &*self.grammar;
+        // states[d]: the state after the first d bytes of the current path.
         self.walk.clear();
-        self.walk.push((0, self.state));
-        while let Some((node, state)) = self.walk.pop() {
-            let n = node as usize;
-            if node != 0 {
-                for &t in
-                    &trie.tokens[trie.token_start[n] as usize..trie.token_start[n + 1] as usize]
-                {
-                    mask.set(t);
-                }
-            }
-            for &(b, child) in
-                &trie.edges[trie.edge_start[n] as usize..trie.edge_start[n + 1] as usize]
-            {
-                match self.auto.next(g, state, b) {
-                    DEAD => {}
-                    OVERFLOW => return Err(MatchError::TooManyStacks { limit: MAX_STACKS }),
-                    next => self.walk.push((child, next)),
+        self.walk.resize(trie.max_depth + 1, DEAD);
+        self.walk[0] = self.state;
+        let n = trie.byte.len();
+        let mut i = 1;
+        while i < n {
+            let d = trie.depth[i] as usize;
+            match self.auto.next(g, self.walk[d - 1], trie.byte[i]) {
+                DEAD => i = trie.end[i] as usize,
+                OVERFLOW => return Err(MatchError::TooManyStacks { limit: MAX_STACKS }),
+                next => {
+                    self.walk[d] = next;
+                    for &t in
+                        &trie.tokens[trie.token_start[i] as usize..trie.token_start[i + 1] as usize]
+                    {
+                        mask.set(t);
+                    }
+                    i += 1;
                 }
             }
         }
@@ -191,6 +202,12 @@ impl Matcher {
     /// An end-of-generation token has been accepted.
     pub fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// Drops the cached masks (not the automaton): frees their memory, and lets a
+    /// benchmark time the trie walk alone.
+    pub fn clear_mask_cache(&mut self) {
+        self.masks.clear();
     }
 
     /// Number of automaton states built so far (grows lazily as decoding explores).

@@ -1,14 +1,21 @@
 //! The tokenizer's vocabulary as byte strings, and the byte trie the mask walk follows.
 
-/// A node's children and the tokens that end at it, as ranges into flat arrays (CSR):
-/// node `n`'s edges are `edges[edge_start[n]..edge_start[n + 1]]`.
+/// The trie in depth-first pre-order, as parallel arrays: node `i`'s subtree is the
+/// contiguous range `i..end[i]`, so a walk is one forward scan that jumps to `end[i]` to
+/// skip a dead subtree (no explicit stack, memory read in order). Node 0 is the root.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Trie {
-    pub edge_start: Vec<u32>,
-    /// (byte, child node), sorted by byte within a node.
-    pub edges: Vec<(u8, u32)>,
+    /// The byte on the edge into node `i`.
+    pub byte: Vec<u8>,
+    /// Length of the byte string that reaches node `i`.
+    pub depth: Vec<u32>,
+    /// One past the last node of `i`'s subtree.
+    pub end: Vec<u32>,
+    /// Tokens ending at node `i` are `tokens[token_start[i]..token_start[i + 1]]`.
     pub token_start: Vec<u32>,
     pub tokens: Vec<u32>,
+    /// Longest token, in bytes.
+    pub max_depth: usize,
 }
 
 /// Token byte strings plus the end-of-generation tokens, built once per tokenizer and
@@ -81,67 +88,54 @@ impl Vocab {
     }
 }
 
-/// Builds the trie in depth-first order so that a walk touches memory mostly forwards.
+/// Builds the trie from the tokens sorted by bytes: sorted order creates nodes in
+/// pre-order, and a node's subtree ends where the next token leaves its prefix.
 fn build_trie(tokens: &[Vec<u8>], is_eos: &[bool]) -> Trie {
     let mut order: Vec<u32> = (0..tokens.len() as u32)
         .filter(|&i| !is_eos[i as usize] && !tokens[i as usize].is_empty())
         .collect();
     order.sort_by(|&a, &b| tokens[a as usize].cmp(&tokens[b as usize]));
-    let mut trie = Trie::default();
-    // Sorted tokens make the trie a single pass: keep the path of open nodes and, for each
-    // token, close nodes past the common prefix with the previous one.
-    // Each open node collects its edges and tokens; node ids are assigned on creation.
-    struct Open {
-        id: u32,
-        edges: Vec<(u8, u32)>,
-        tokens: Vec<u32>,
-    }
-    let mut nodes_edges: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
-    let mut nodes_tokens: Vec<Vec<u32>> = vec![Vec::new()];
-    let mut path: Vec<Open> = vec![Open {
-        id: 0,
-        edges: Vec::new(),
-        tokens: Vec::new(),
-    }];
+    let mut byte = vec![0u8];
+    let mut depth = vec![0u32];
+    let mut end = vec![0u32];
+    let mut node_tokens: Vec<Vec<u32>> = vec![Vec::new()];
+    // Open nodes along the current token's path, root first.
+    let mut path: Vec<u32> = vec![0];
     let mut prev: &[u8] = &[];
-    let close = |open: Open, ne: &mut Vec<Vec<(u8, u32)>>, nt: &mut Vec<Vec<u32>>| {
-        ne[open.id as usize] = open.edges;
-        nt[open.id as usize] = open.tokens;
-    };
     for &t in &order {
         let bytes = &tokens[t as usize][..];
         let common = prev.iter().zip(bytes).take_while(|(a, b)| a == b).count();
         while path.len() > common + 1 {
-            let open = path.pop().expect("path holds the root");
-            close(open, &mut nodes_edges, &mut nodes_tokens);
+            let closed = path.pop().expect("path holds the root");
+            end[closed as usize] = byte.len() as u32;
         }
-        for &b in &bytes[common..] {
-            let id = nodes_edges.len() as u32;
-            nodes_edges.push(Vec::new());
-            nodes_tokens.push(Vec::new());
-            path.last_mut()
-                .expect("path holds the root")
-                .edges
-                .push((b, id));
-            path.push(Open {
-                id,
-                edges: Vec::new(),
-                tokens: Vec::new(),
-            });
+        for (i, &b) in bytes.iter().enumerate().skip(common) {
+            path.push(byte.len() as u32);
+            byte.push(b);
+            depth.push(i as u32 + 1);
+            end.push(0);
+            node_tokens.push(Vec::new());
         }
-        path.last_mut().expect("path holds the root").tokens.push(t);
+        node_tokens[*path.last().expect("path holds the root") as usize].push(t);
         prev = bytes;
     }
-    while let Some(open) = path.pop() {
-        close(open, &mut nodes_edges, &mut nodes_tokens);
+    for open in path {
+        end[open as usize] = byte.len() as u32;
     }
-    trie.edge_start.push(0);
-    trie.token_start.push(0);
-    for (edges, toks) in nodes_edges.into_iter().zip(nodes_tokens) {
-        trie.edges.extend(edges);
-        trie.tokens.extend(toks);
-        trie.edge_start.push(trie.edges.len() as u32);
-        trie.token_start.push(trie.tokens.len() as u32);
+    let mut token_start = Vec::with_capacity(byte.len() + 1);
+    let mut flat = Vec::with_capacity(order.len());
+    token_start.push(0);
+    for ts in node_tokens {
+        flat.extend(ts);
+        token_start.push(flat.len() as u32);
     }
-    trie
+    let max_depth = depth.iter().copied().max().unwrap_or(0) as usize;
+    Trie {
+        byte,
+        depth,
+        end,
+        token_start,
+        tokens: flat,
+        max_depth,
+    }
 }

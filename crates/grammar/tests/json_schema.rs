@@ -158,6 +158,11 @@ fn schemas() -> Vec<Value> {
         json!({"definitions": {"p": {"type": "string", "minLength": 2}}, "type": "object",
                "properties": {"first": {"$ref": "#/definitions/p"}, "second": {"$ref": "#/definitions/p"}},
                "required": ["second"], "title": "pair"}),
+        // Nested objects whose generated rule names could collide ("object-2").
+        json!({"type": "object", "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}, "z": {"type": "object", "properties": {"q": {"type": "null"}}}}},
+            "b": {"type": "null"}, "c": {"type": "null"}
+        }}),
         json!({"oneOf": [{"type": "null"}, {"type": "array"}, {"type": "object", "properties": {}}]}),
         json!(true),
     ]
