@@ -13,7 +13,8 @@
 //!   a subset of JSON schema turned into GBNF text; any keyword that would constrain
 //!   values but is not enforced is an error, never silently dropped. See [`json_schema`].
 //! - **Token matcher** ([`Matcher`]): the per-request state that yields a [`TokenMask`] per
-//!   step and advances by the sampled token.
+//!   step and advances by the sampled token. It holds its grammar and [`Vocab`] by `Arc`,
+//!   so it can live in a request's task without borrowing from the engine.
 //!
 //! # The automaton
 //!
@@ -34,10 +35,36 @@
 //! # Why the trie
 //!
 //! Tokens share prefixes (` the`, ` then`, ` there`). The vocabulary is stored once as a
-//! byte trie; a mask is one depth-first walk from the current state, following cached
-//! transitions and cutting off a whole subtree at the first byte no stack survives. A
-//! state's finished mask is cached too, so the states a JSON value returns to over and
-//! over (inside a string, between array items) cost a copy of the bitset.
+//! byte trie laid out in depth-first pre-order, each node knowing where its subtree ends;
+//! a mask is one forward scan from the current state, following cached transitions and
+//! jumping over a whole subtree at the first byte no stack survives. A state's finished
+//! mask is cached too, so the states a JSON value returns to over and over (inside a
+//! string, between array items) cost a copy of the bitset. Masks and transitions live in
+//! the [`Matcher`]; [`Matcher::reset`] reuses them for the next request with the same
+//! grammar.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use grammar::{CompiledGrammar, Matcher, TokenMask, Vocab};
+//!
+//! // Token 0 ends generation; the others are byte strings.
+//! let tokens: Vec<Vec<u8>> = vec![vec![], b"{\"".to_vec(), b"a\":".to_vec(), b"1}".to_vec(), b"x".to_vec()];
+//! let vocab = Arc::new(Vocab::new(&tokens, &[0]));
+//! let schema = r#"{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}"#;
+//! let grammar = Arc::new(CompiledGrammar::from_json_schema(schema)?);
+//! let mut matcher = Matcher::new(grammar, vocab.clone())?;
+//! let mut mask = TokenMask::new(vocab.len());
+//! for expected in [1, 2, 3] {
+//!     matcher.fill_mask(&mut mask)?;
+//!     assert_eq!(mask.allowed().collect::<Vec<_>>(), vec![expected]);
+//!     matcher.accept(expected)?; // in the engine: the token sampled under the mask
+//! }
+//! matcher.fill_mask(&mut mask)?;
+//! assert!(mask.is_allowed(0) && matcher.is_complete());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # What is exact
 //!
