@@ -21,8 +21,10 @@ pub(crate) enum Elem {
     End,
 }
 
-/// A grammar ready for matching: every rule's alternatives are runs of [`Elem`]s in one
-/// flat array, each run terminated by [`Elem::End`]; a parse position is an index into it.
+/// A grammar ready for matching, built from GBNF ([`from_gbnf`](Self::from_gbnf)) or a JSON
+/// schema. Internally every rule's alternatives are runs of elements (a character set or a
+/// rule reference) in one flat array, each run terminated by an end marker; a parse
+/// position is an index into that array.
 #[derive(Debug, Clone)]
 pub struct CompiledGrammar {
     pub(crate) elems: Vec<Elem>,
