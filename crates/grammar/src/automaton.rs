@@ -42,7 +42,6 @@ pub(crate) struct Partial {
 struct DState {
     set: u32,
     partial: Partial,
-    next: Option<Box<[u32; 256]>>,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +52,9 @@ pub(crate) struct Automaton {
     set_ids: HashMap<Box<[u32]>, u32>,
     dstates: Vec<DState>,
     dstate_ids: HashMap<(u32, Partial), u32>,
+    /// Transition table, 256 entries per state (`next[d << 8 | byte]`), [`UNKNOWN`] until
+    /// first used: one flat array so the hot path of a walk is a single load.
+    next: Vec<u32>,
     scratch: Vec<u32>,
     work: Vec<(u32, u32)>,
 }
@@ -67,6 +69,7 @@ impl Automaton {
             set_ids: HashMap::new(),
             dstates: Vec::new(),
             dstate_ids: HashMap::new(),
+            next: Vec::new(),
             scratch: Vec::new(),
             work: Vec::new(),
         };
@@ -94,11 +97,8 @@ impl Automaton {
         let next = self.dstates.len() as u32;
         let id = *self.dstate_ids.entry((set, partial)).or_insert(next);
         if id == next {
-            self.dstates.push(DState {
-                set,
-                partial,
-                next: None,
-            });
+            self.dstates.push(DState { set, partial });
+            self.next.resize(self.next.len() + 256, UNKNOWN);
         }
         id
     }
@@ -204,20 +204,22 @@ impl Automaton {
     /// The state after byte `b`, or [`DEAD`] / [`OVERFLOW`].
     #[inline]
     pub(crate) fn next(&mut self, g: &CompiledGrammar, d: u32, b: u8) -> u32 {
-        if let Some(table) = &self.dstates[d as usize].next {
-            let t = table[b as usize];
-            if t != UNKNOWN {
-                return t;
-            }
+        let slot = (d as usize) << 8 | b as usize;
+        let t = self.next[slot];
+        if t != UNKNOWN {
+            return t;
         }
+        self.next_slow(g, d, b)
+    }
+
+    #[cold]
+    fn next_slow(&mut self, g: &CompiledGrammar, d: u32, b: u8) -> u32 {
         let t = match self.compute_next(g, d, b) {
             Ok(Some(t)) => t,
             Ok(None) => DEAD,
             Err(_) => OVERFLOW,
         };
-        self.dstates[d as usize]
-            .next
-            .get_or_insert_with(|| Box::new([UNKNOWN; 256]))[b as usize] = t;
+        self.next[(d as usize) << 8 | b as usize] = t;
         t
     }
 
@@ -300,6 +302,42 @@ impl Automaton {
     pub(crate) fn can_continue(&self, d: u32) -> bool {
         let ds = &self.dstates[d as usize];
         self.sets[ds.set as usize].iter().any(|&s| s != EMPTY)
+    }
+
+    /// A fresh automaton holding only state `d` (its stacks, set and partial character),
+    /// returned with its start state and `d`'s id in it: bounds memory on long generations, since every
+    /// state costs a 1 KiB transition table and the old ones are rarely revisited.
+    pub(crate) fn compacted(
+        &self,
+        g: &CompiledGrammar,
+        d: u32,
+    ) -> Result<(Self, u32, u32), MatchError> {
+        let (mut fresh, start) = Automaton::new(g)?;
+        let ds = &self.dstates[d as usize];
+        let mut map: HashMap<u32, u32> = HashMap::new();
+        let mut stacks = Vec::new();
+        for &s in self.sets[ds.set as usize].iter() {
+            stacks.push(fresh.copy_stack(self, s, &mut map));
+        }
+        let set = fresh.intern_set(stacks)?.expect("a live state has stacks");
+        let id = fresh.dstate(set, ds.partial);
+        Ok((fresh, start, id))
+    }
+
+    fn copy_stack(&mut self, from: &Automaton, s: u32, map: &mut HashMap<u32, u32>) -> u32 {
+        // Walk down to the first node already copied (or the bottom), then rebuild upwards.
+        let mut chain = Vec::new();
+        let mut at = s;
+        while at != EMPTY && !map.contains_key(&at) {
+            chain.push(at);
+            at = from.nodes[at as usize].1;
+        }
+        let mut parent = if at == EMPTY { EMPTY } else { map[&at] };
+        for &n in chain.iter().rev() {
+            parent = self.node(from.nodes[n as usize].0, parent);
+            map.insert(n, parent);
+        }
+        parent
     }
 
     /// Number of interned states, for tests and diagnostics.

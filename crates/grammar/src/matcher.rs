@@ -12,6 +12,8 @@ use crate::MAX_STACKS;
 
 /// Bytes of cached masks kept per matcher before the cache is dropped and rebuilt.
 const MASK_CACHE_BYTES: usize = 64 << 20;
+/// Default for [`Matcher::set_state_limit`]: 64 Mi of transition tables.
+const MAX_STATES: usize = 1 << 16;
 
 /// Tracks one generation against a grammar, token by token.
 ///
@@ -24,6 +26,7 @@ pub struct Matcher {
     auto: Automaton,
     start: u32,
     state: u32,
+    state_limit: usize,
     finished: bool,
     /// Mask (as bitset words, eos excluded) of each state met at a token boundary.
     masks: HashMap<u32, Box<[u64]>>,
@@ -41,11 +44,19 @@ impl Matcher {
             vocab,
             auto,
             start: state,
+            state_limit: MAX_STATES,
             state,
             finished: false,
             masks: HashMap::new(),
             walk: Vec::new(),
         })
+    }
+
+    /// Bounds memory: once the automaton holds more than `states` states (1 KiB of
+    /// transitions each; default 65,536), the next accepted token rebuilds it around the
+    /// current state, dropping cached transitions and masks.
+    pub fn set_state_limit(&mut self, states: usize) {
+        self.state_limit = states;
     }
 
     /// Back to the start of the grammar, keeping the automaton and masks built so far: a
@@ -164,13 +175,19 @@ impl Matcher {
     }
 
     fn advance(&mut self, bytes: &[u8]) -> Result<bool, MatchError> {
-        match self.walk_bytes(bytes)? {
-            Some(state) => {
-                self.state = state;
-                Ok(true)
-            }
-            None => Ok(false),
+        let Some(state) = self.walk_bytes(bytes)? else {
+            return Ok(false);
+        };
+        self.state = state;
+        if self.auto.state_count() > self.state_limit {
+            // State ids change, so cached masks and the start state go with the old one.
+            let (auto, start, state) = self.auto.compacted(&self.grammar, self.state)?;
+            self.auto = auto;
+            self.state = state;
+            self.masks.clear();
+            self.start = start;
         }
+        Ok(true)
     }
 
     fn walk_bytes(&mut self, bytes: &[u8]) -> Result<Option<u32>, MatchError> {

@@ -171,3 +171,43 @@ fn ambiguity_is_bounded() {
         })
     );
 }
+
+/// With a tiny state limit the automaton is rebuilt often; masks and walks stay right.
+#[test]
+fn rebuilding_the_automaton_keeps_the_state() {
+    let vocab = Arc::new(Vocab::new(&synthetic_vocab(), &[EOS]));
+    let g = compile(include_str!("../../../grammars/json.gbnf"));
+    let mut rng = StdRng::seed_from_u64(19);
+    let mut mask = TokenMask::new(vocab.len());
+    let mut rebuilt = 0;
+    for _ in 0..5 {
+        let mut m = Matcher::new(g.clone(), vocab.clone()).unwrap();
+        m.set_state_limit(40);
+        let mut text = Vec::new();
+        for _ in 0..80 {
+            let before = m.state_count();
+            assert_mask_matches_brute_force(&mut m, &vocab);
+            m.fill_mask(&mut mask).unwrap();
+            let allowed: Vec<u32> = mask.allowed().filter(|&t| t != EOS).collect();
+            if allowed.is_empty() {
+                break;
+            }
+            let t = allowed[rng.gen_range(0..allowed.len())];
+            m.accept(t).unwrap();
+            text.extend_from_slice(vocab.token_bytes(t));
+            if m.state_count() < before {
+                rebuilt += 1;
+            }
+        }
+        // The text so far is still a prefix the grammar allows.
+        let mut fresh = Matcher::new(g.clone(), vocab.clone()).unwrap();
+        assert!(fresh.accept_bytes(&text).unwrap());
+        assert_eq!(fresh.is_complete(), m.is_complete());
+        m.reset();
+        assert!(
+            m.accept_bytes(b"[1").unwrap(),
+            "reset returns to the start after a rebuild"
+        );
+    }
+    assert!(rebuilt > 5, "only {rebuilt} rebuilds");
+}
