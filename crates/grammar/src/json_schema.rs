@@ -16,11 +16,15 @@
 //!   forms), enforced exactly by the digit grammar, for bounds within `i64`.
 //! - `number`: `minimum` and `maximum` enforced exactly when they are integers (the
 //!   grammar then generates no exponent); other bounds are refused.
-//! - `enum`, `const` (any JSON values, generated in compact form), `anyOf`, `oneOf`
+//! - `enum`, `const` (any JSON values, generated in compact form; a `type` beside them
+//!   keeps only the values of that type), `anyOf`, `oneOf`
 //!   (both as alternation: `oneOf`'s "exactly one" is not enforced), `$ref` to
 //!   `#/$defs/...` or `#/definitions/...` (recursion allowed).
 //! - Annotations are ignored: `title`, `description`, `$schema`, `$id`, `$comment`,
 //!   `default`, `examples`, `deprecated`, `readOnly`, `writeOnly`.
+//!
+//! `$ref`, `anyOf`, `oneOf`, `enum` and `const` must otherwise stand alone (annotations
+//! aside): an intersection with other keywords is refused rather than half-applied.
 //!
 //! Everything else is refused, e.g. `pattern`, `format`, `uniqueItems`, `multipleOf`,
 //! `patternProperties`, `allOf`, `not`, `if`, `prefixItems`, `minProperties`.
@@ -259,12 +263,14 @@ impl Converter<'_> {
         // Combinators and literals must stand alone: mixing them with other constraints
         // would need an intersection the grammar cannot express.
         for kw in ["$ref", "anyOf", "oneOf", "enum", "const"] {
-            if obj.contains_key(kw) && constraining.len() > 1 {
-                let other = constraining
-                    .iter()
-                    .find(|&&k| k != kw)
-                    .copied()
-                    .unwrap_or(kw);
+            // `type` next to `enum`/`const` is common and cheap: it filters the values.
+            let allowed_with =
+                |k: &str| k == kw || (k == "type" && (kw == "enum" || kw == "const"));
+            if let Some(other) = constraining
+                .iter()
+                .find(|&&k| !allowed_with(k))
+                .filter(|_| obj.contains_key(kw))
+            {
                 return Err(invalid(
                     other,
                     path,
@@ -275,22 +281,37 @@ impl Converter<'_> {
         if let Some(r) = obj.get("$ref") {
             return self.reference(r, path);
         }
-        if let Some(v) = obj.get("const") {
-            return Ok(json_literal(v));
-        }
-        if let Some(e) = obj.get("enum") {
-            let items = e
-                .as_array()
-                .filter(|a| !a.is_empty())
-                .ok_or_else(|| invalid("enum", path, "expected a non-empty array"))?;
-            return Ok(format!(
-                "({})",
-                items
-                    .iter()
-                    .map(json_literal)
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            ));
+        let listed = match (obj.get("const"), obj.get("enum")) {
+            (Some(v), _) => Some(("const", std::slice::from_ref(v))),
+            (None, Some(e)) => {
+                let items = e.as_array().filter(|a| !a.is_empty());
+                Some((
+                    "enum",
+                    items
+                        .ok_or_else(|| invalid("enum", path, "expected a non-empty array"))?
+                        .as_slice(),
+                ))
+            }
+            (None, None) => None,
+        };
+        if let Some((kw, values)) = listed {
+            let types = match obj.get("type") {
+                None => None,
+                Some(t) => Some(type_names(t, path)?),
+            };
+            let kept: Vec<String> = values
+                .iter()
+                .filter(|v| {
+                    types
+                        .as_ref()
+                        .is_none_or(|ts| ts.iter().any(|t| has_type(v, t)))
+                })
+                .map(json_literal)
+                .collect();
+            if kept.is_empty() {
+                return Err(invalid(kw, path, "no listed value has the given `type`"));
+            }
+            return Ok(format!("({})", kept.join(" | ")));
         }
         for kw in ["anyOf", "oneOf"] {
             if let Some(list) = obj.get(kw) {
@@ -307,21 +328,7 @@ impl Converter<'_> {
         }
         let types: Vec<&str> = match obj.get("type") {
             None => infer_type(obj),
-            Some(Value::String(t)) => vec![t.as_str()],
-            Some(Value::Array(ts)) if !ts.is_empty() => ts
-                .iter()
-                .map(|t| {
-                    t.as_str()
-                        .ok_or_else(|| invalid("type", path, "expected type names"))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => {
-                return Err(invalid(
-                    "type",
-                    path,
-                    "expected a type name or a non-empty list",
-                ))
-            }
+            Some(t) => type_names(t, path)?,
         };
         let mut alts = Vec::new();
         for t in types {
@@ -499,6 +506,38 @@ impl Converter<'_> {
             next = cur;
         }
         Ok(self.rule("object", format!("\"{{\" ws {} \"}}\"", next[0])))
+    }
+}
+
+fn type_names<'v>(t: &'v Value, path: &str) -> Result<Vec<&'v str>, SchemaError> {
+    match t {
+        Value::String(t) => Ok(vec![t.as_str()]),
+        Value::Array(ts) if !ts.is_empty() => ts
+            .iter()
+            .map(|t| {
+                t.as_str()
+                    .ok_or_else(|| invalid("type", path, "expected type names"))
+            })
+            .collect(),
+        _ => Err(invalid(
+            "type",
+            path,
+            "expected a type name or a non-empty list",
+        )),
+    }
+}
+
+/// Whether a JSON value is an instance of the named type.
+fn has_type(v: &Value, t: &str) -> bool {
+    match t {
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|x| x.fract() == 0.0),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        _ => false,
     }
 }
 

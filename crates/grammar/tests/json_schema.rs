@@ -296,6 +296,20 @@ fn number_bounds_are_exact_for_integral_bounds() {
 }
 
 #[test]
+fn type_filters_enum_values() {
+    let g = compile(&json!({"type": ["string", "integer"], "enum": ["a", 1, 2.5, null, 3.0]}));
+    for (s, ok) in [
+        ("\"a\"", true),
+        ("1", true),
+        ("3.0", true),
+        ("2.5", false),
+        ("null", false),
+    ] {
+        assert_eq!(accepts(&g, s), ok, "{s}");
+    }
+}
+
+#[test]
 fn strings_count_characters_and_escapes() {
     let g = compile(&json!({"type": "string", "minLength": 2, "maxLength": 3}));
     for (s, ok) in [
@@ -389,8 +403,12 @@ fn unsupported_keywords_name_keyword_and_path() {
         Err(SchemaError::Invalid { keyword, .. }) if keyword == "minimum"
     ));
     assert!(matches!(
-        json_schema_value_to_gbnf(&json!({"type": "string", "enum": ["a"]})),
-        Err(SchemaError::Invalid { .. })
+        json_schema_value_to_gbnf(&json!({"type": "string", "enum": ["a"], "minLength": 3})),
+        Err(SchemaError::Invalid { keyword, .. }) if keyword == "minLength"
+    ));
+    assert!(matches!(
+        json_schema_value_to_gbnf(&json!({"type": "string", "enum": [1, 2]})),
+        Err(SchemaError::Invalid { keyword, .. }) if keyword == "enum"
     ));
 }
 
