@@ -6,7 +6,9 @@
 //!   `boolean`, `null`); without `type`, the type is taken from the keywords present
 //!   (`properties` means object, `items` array, `minLength` string, `minimum` number) or
 //!   any JSON value when there are none.
-//! - `object`: `properties` in the order given, `required` ones always present, optional
+//! - `object`: `properties` in the order given (the text's order with
+//!   [`json_schema_to_gbnf`], the `Value`'s with [`json_schema_value_to_gbnf`]), `required`
+//!   ones always present, optional
 //!   ones omissible; no other keys are generated (a valid subset whatever
 //!   `additionalProperties` says). `additionalProperties` as a schema (or `true`) is
 //!   supported only without `properties`: then keys are any strings, values that schema.
@@ -29,7 +31,8 @@
 //! Everything else is refused, e.g. `pattern`, `format`, `uniqueItems`, `multipleOf`,
 //! `patternProperties`, `allOf`, `not`, `if`, `prefixItems`, `minProperties`.
 //!
-//! Generated text stays within a subset of JSON, so a model cannot loop: whitespace is
+//! Generated text stays within a subset of JSON so that padding cannot run on forever
+//! (string contents and array lengths are as unbounded as the schema says): whitespace is
 //! at most one optional run (a space, tab or newline followed by up to 20 spaces or tabs)
 //! between tokens, and numbers have at most 19 integer digits, 16 fraction digits and a
 //! 2-digit exponent (so every number is finite as an `f64`).
