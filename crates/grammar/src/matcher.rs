@@ -7,7 +7,7 @@ use crate::automaton::{Automaton, DEAD, OVERFLOW};
 use crate::compile::CompiledGrammar;
 use crate::error::MatchError;
 use crate::mask::TokenMask;
-use crate::vocab::Vocab;
+use crate::vocab::{Vocab, NO_TOKEN};
 use crate::MAX_STACKS;
 
 /// Bytes of cached masks kept per matcher before the cache is dropped and rebuilt.
@@ -107,19 +107,25 @@ impl Matcher {
         self.walk.clear();
         self.walk.resize(trie.max_depth + 1, DEAD);
         self.walk[0] = self.state;
-        let n = trie.byte.len();
         let mut i = 1;
-        while i < n {
-            let d = trie.depth[i] as usize;
-            match self.auto.next(g, self.walk[d - 1], trie.byte[i]) {
-                DEAD => i = trie.end[i] as usize,
+        while let Some(node) = trie.nodes.get(i) {
+            let d = node.depth as usize;
+            match self.auto.next(g, self.walk[d - 1], node.byte) {
+                DEAD => i = node.end as usize,
                 OVERFLOW => return Err(MatchError::TooManyStacks { limit: MAX_STACKS }),
                 next => {
                     self.walk[d] = next;
-                    for &t in
-                        &trie.tokens[trie.token_start[i] as usize..trie.token_start[i + 1] as usize]
-                    {
-                        mask.set(t);
+                    if node.token != NO_TOKEN {
+                        mask.set(node.token);
+                        if node.more {
+                            let from = trie.extra.partition_point(|&(n, _)| (n as usize) < i);
+                            for &(_, t) in trie.extra[from..]
+                                .iter()
+                                .take_while(|&&(n, _)| n as usize == i)
+                            {
+                                mask.set(t);
+                            }
+                        }
                     }
                     i += 1;
                 }

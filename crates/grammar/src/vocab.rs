@@ -1,22 +1,39 @@
 //! The tokenizer's vocabulary as byte strings, and the byte trie the mask walk follows.
 
-/// The trie in depth-first pre-order, as parallel arrays: node `i`'s subtree is the
-/// contiguous range `i..end[i]`, so a walk is one forward scan that jumps to `end[i]` to
-/// skip a dead subtree (no explicit stack, memory read in order). Node 0 is the root.
+/// The trie in depth-first pre-order: node `i`'s subtree is the contiguous range
+/// `i..nodes[i].end`, so a walk is one forward scan that jumps to `end` to skip a dead
+/// subtree (no explicit stack, memory read in order). Node 0 is the root.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Trie {
-    /// The byte on the edge into node `i`.
-    pub byte: Vec<u8>,
-    /// Length of the byte string that reaches node `i`.
-    pub depth: Vec<u32>,
-    /// One past the last node of `i`'s subtree.
-    pub end: Vec<u32>,
-    /// Tokens ending at node `i` are `tokens[token_start[i]..token_start[i + 1]]`.
-    pub token_start: Vec<u32>,
-    pub tokens: Vec<u32>,
+    pub nodes: Vec<TrieNode>,
+    /// Tokens beyond the first that end at a node (tokens with equal bytes), as
+    /// `(node, token)` sorted by node.
+    pub extra: Vec<(u32, u32)>,
     /// Longest token, in bytes.
     pub max_depth: usize,
 }
+
+/// One trie node, packed so that the walk reads 12 bytes per node.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TrieNode {
+    /// One past the last node of this node's subtree.
+    pub end: u32,
+    /// The first token whose bytes end here, or [`NO_TOKEN`].
+    pub token: u32,
+    /// Length of the byte string that reaches this node.
+    pub depth: u16,
+    /// The byte on the edge into this node.
+    pub byte: u8,
+    /// Whether more tokens end here (listed in [`Trie::extra`]).
+    pub more: bool,
+}
+
+/// [`TrieNode::token`] of a node where no token ends.
+pub(crate) const NO_TOKEN: u32 = u32::MAX;
+
+/// Tokens longer than this many bytes are left out of the trie (never allowed): no real
+/// vocabulary comes near it, and it keeps a node's depth in 16 bits.
+const MAX_TOKEN_BYTES: usize = u16::MAX as usize;
 
 /// Token byte strings plus the end-of-generation tokens, built once per tokenizer and
 /// shared by every [`Matcher`](crate::Matcher).
@@ -92,13 +109,19 @@ impl Vocab {
 /// pre-order, and a node's subtree ends where the next token leaves its prefix.
 fn build_trie(tokens: &[Vec<u8>], is_eos: &[bool]) -> Trie {
     let mut order: Vec<u32> = (0..tokens.len() as u32)
-        .filter(|&i| !is_eos[i as usize] && !tokens[i as usize].is_empty())
+        .filter(|&i| {
+            let t = &tokens[i as usize];
+            !is_eos[i as usize] && !t.is_empty() && t.len() <= MAX_TOKEN_BYTES
+        })
         .collect();
     order.sort_by(|&a, &b| tokens[a as usize].cmp(&tokens[b as usize]));
-    let mut byte = vec![0u8];
-    let mut depth = vec![0u32];
-    let mut end = vec![0u32];
-    let mut node_tokens: Vec<Vec<u32>> = vec![Vec::new()];
+    let mut trie = Trie {
+        nodes: vec![TrieNode {
+            token: NO_TOKEN,
+            ..TrieNode::default()
+        }],
+        ..Trie::default()
+    };
     // Open nodes along the current token's path, root first.
     let mut path: Vec<u32> = vec![0];
     let mut prev: &[u8] = &[];
@@ -107,35 +130,31 @@ fn build_trie(tokens: &[Vec<u8>], is_eos: &[bool]) -> Trie {
         let common = prev.iter().zip(bytes).take_while(|(a, b)| a == b).count();
         while path.len() > common + 1 {
             let closed = path.pop().expect("path holds the root");
-            end[closed as usize] = byte.len() as u32;
+            trie.nodes[closed as usize].end = trie.nodes.len() as u32;
         }
         for (i, &b) in bytes.iter().enumerate().skip(common) {
-            path.push(byte.len() as u32);
-            byte.push(b);
-            depth.push(i as u32 + 1);
-            end.push(0);
-            node_tokens.push(Vec::new());
+            path.push(trie.nodes.len() as u32);
+            trie.nodes.push(TrieNode {
+                end: 0,
+                token: NO_TOKEN,
+                depth: i as u16 + 1,
+                byte: b,
+                more: false,
+            });
         }
-        node_tokens[*path.last().expect("path holds the root") as usize].push(t);
+        let at = *path.last().expect("path holds the root");
+        let node = &mut trie.nodes[at as usize];
+        if node.token == NO_TOKEN {
+            node.token = t;
+        } else {
+            node.more = true;
+            trie.extra.push((at, t));
+        }
         prev = bytes;
+        trie.max_depth = trie.max_depth.max(bytes.len());
     }
     for open in path {
-        end[open as usize] = byte.len() as u32;
+        trie.nodes[open as usize].end = trie.nodes.len() as u32;
     }
-    let mut token_start = Vec::with_capacity(byte.len() + 1);
-    let mut flat = Vec::with_capacity(order.len());
-    token_start.push(0);
-    for ts in node_tokens {
-        flat.extend(ts);
-        token_start.push(flat.len() as u32);
-    }
-    let max_depth = depth.iter().copied().max().unwrap_or(0) as usize;
-    Trie {
-        byte,
-        depth,
-        end,
-        token_start,
-        tokens: flat,
-        max_depth,
-    }
+    trie
 }
