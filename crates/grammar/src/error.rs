@@ -75,6 +75,8 @@ pub enum MatchError {
     Rejected { token: u32 },
     #[error("end-of-generation token {token} before the grammar is complete")]
     NotComplete { token: u32 },
+    #[error("mask covers {mask} tokens but the vocabulary has {vocab}")]
+    MaskSize { mask: usize, vocab: usize },
     #[error("generation already ended")]
     Finished,
     /// The grammar is ambiguous enough that the parse needs more live stacks than allowed.

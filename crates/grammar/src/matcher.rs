@@ -69,13 +69,14 @@ impl Matcher {
     /// Sets exactly the tokens whose bytes keep the grammar alive (the whole token matches
     /// a prefix of some sentence of the grammar, split UTF-8 characters included), plus the
     /// end-of-generation tokens when the text so far is complete. `mask` must cover the
-    /// vocabulary; see [`TokenMask::new`].
+    /// vocabulary ([`TokenMask::new`] with [`Vocab::len`]), else [`MatchError::MaskSize`].
     pub fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), MatchError> {
-        assert_eq!(
-            mask.len(),
-            self.vocab.len(),
-            "mask size differs from the vocabulary"
-        );
+        if mask.len() != self.vocab.len() {
+            return Err(MatchError::MaskSize {
+                mask: mask.len(),
+                vocab: self.vocab.len(),
+            });
+        }
         mask.clear();
         if self.finished || self.state == DEAD {
             return Ok(());

@@ -89,6 +89,10 @@ impl Vocab {
     }
 
     /// The byte string of token `id`.
+    ///
+    /// # Panics
+    ///
+    /// If `id` is not below [`len`](Self::len).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         let i = id as usize;
         &self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]

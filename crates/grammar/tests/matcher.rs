@@ -148,6 +148,30 @@ fn out_of_vocabulary_and_empty_tokens() {
     let mut m = Matcher::new(compile("root ::= \"a\"*"), vocab).unwrap();
     assert_eq!(m.accept(9), Err(MatchError::UnknownToken(9)));
     assert_eq!(m.accept(2), Err(MatchError::Rejected { token: 2 }));
+    let mut wrong = TokenMask::new(5);
+    assert_eq!(
+        m.fill_mask(&mut wrong),
+        Err(MatchError::MaskSize { mask: 5, vocab: 3 })
+    );
+}
+
+#[test]
+fn mask_helpers() {
+    let tokens = [vec![], b"a".to_vec(), b"c".to_vec(), b"b".to_vec()];
+    let mut m = Matcher::new(
+        compile("root ::= [ab]"),
+        Arc::new(Vocab::new(&tokens, &[0])),
+    )
+    .unwrap();
+    let mut mask = TokenMask::new(4);
+    m.fill_mask(&mut mask).unwrap();
+    assert_eq!(mask.count(), 2);
+    let mut logits = [1.0f32; 4];
+    mask.apply_to_logits(&mut logits);
+    assert_eq!(logits, [f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY, 1.0]);
+    let mut flags = [true; 4];
+    mask.write_bools(&mut flags);
+    assert_eq!(flags, [false, true, false, true]);
 }
 
 /// A grammar whose live stacks grow with the input hits the stack bound with an error.
