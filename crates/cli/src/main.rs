@@ -4,7 +4,8 @@
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
 //!
-//! `unsafe` is denied, and allowed in one module (`signals`: sigaction, kill, prctl).
+//! `unsafe` is denied, and allowed in two modules (`signals`: sigaction, kill, prctl;
+//! `unnamed_file`: linkat).
 #![deny(unsafe_code)]
 
 /// `print!` to stdout, ending the process quietly when the reader has gone (see out.rs).
@@ -48,6 +49,7 @@ mod signals;
 mod stats;
 mod supervise;
 mod tokenize;
+mod unnamed_file;
 
 use std::io::IsTerminal;
 

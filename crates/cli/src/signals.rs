@@ -8,8 +8,8 @@
 //! when its parent dies ([`tie_to_parent`], `PR_SET_PDEATHSIG`) and then checks that the
 //! parent that started it is still there: it may have died before the request was made.
 //!
-//! This module is the crate's one `unsafe` site: std has no safe `sigaction`, `kill(2)`
-//! with a chosen signal, or `prctl`.
+//! This module and `unnamed_file` are the crate's `unsafe` sites: std has no safe
+//! `sigaction`, `kill(2)` with a chosen signal, or `prctl`.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
