@@ -260,8 +260,10 @@ pub async fn serve(
 }
 
 /// How long answers cancelled at the end of the grace period have to reach their
-/// clients before their connections are dropped.
-const DRAIN_AFTER_GRACE: Duration = Duration::from_secs(3);
+/// clients before their connections are dropped: a client that reads takes its last
+/// event at once, and one that does not must not hold the exit past 2 s of the signal
+/// (with the default 1 s grace).
+const DRAIN_AFTER_GRACE: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {
