@@ -401,19 +401,29 @@ fn leave_on_signal(sig: libc::c_int, tmp: TempDir, runs: usize) -> ! {
     std::process::exit(128 + sig)
 }
 
-/// Refuses an output path that cannot be written, before any run: a directory, a place
-/// that does not exist or is read-only. An existing file is opened for writing without
+/// Refuses an output path that cannot be written, before any run: a directory, a FIFO
+/// that nothing reads, a place that does not exist or is read-only. An existing file is opened for writing without
 /// truncating it (it keeps its contents until the bench writes it); a new one is created
 /// and removed again.
 fn check_output(flag: &str, path: &Path) -> Result<()> {
     let cannot = || format!("{flag} {}: cannot write there", path.display());
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => bail!("{flag} {}: is a directory", path.display()),
-        Ok(_) => {
-            std::fs::OpenOptions::new()
+        Ok(m) => {
+            use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+            // O_NONBLOCK: opening a FIFO that nothing reads fails at once (ENXIO) instead
+            // of blocking here, before the first run, for ever
+            let opened = std::fs::OpenOptions::new()
                 .write(true)
-                .open(path)
-                .with_context(cannot)?;
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path);
+            if m.file_type().is_fifo() && opened.is_err() {
+                bail!(
+                    "{flag} {}: a FIFO that nothing reads; start its reader first",
+                    path.display()
+                );
+            }
+            opened.with_context(cannot)?;
         }
         Err(_) => {
             std::fs::OpenOptions::new()

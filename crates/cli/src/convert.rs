@@ -315,9 +315,14 @@ fn remove_on_signal(tmp: PathBuf) -> Result<()> {
     Ok(())
 }
 
-/// What a temporary output beside `name` is called: `.<name>.tmp-<pid>`.
+/// What a temporary output beside `name` is called: `.<name>.tmp-<pid>`, with `name`
+/// cut to 200 bytes so that the whole stays within the 255 bytes a file name may have
+/// (an output named with 250 could not be replaced).
 fn tmp_prefix(name: &std::ffi::OsStr) -> String {
-    format!(".{}.tmp-", name.to_string_lossy())
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    let cut = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
+    format!(".{cut}.tmp-")
 }
 
 /// Removes the temporary outputs for `name` in `dir` whose process is gone: what a
@@ -451,6 +456,21 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names, [std::ffi::OsString::from("out.gguf")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An output whose name has the longest length a file name may have is written, and
+    /// replaced: the temporary name beside it was 10 bytes longer, too long.
+    #[test]
+    fn an_output_with_the_longest_name_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("vkdecode-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("L".repeat(255));
+        let w = GgufWriter::new(32);
+        std::fs::write(&out, b"old").unwrap();
+        let n = write_atomically(&w, &out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), n);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
