@@ -409,21 +409,13 @@ fn check_output(flag: &str, path: &Path) -> Result<()> {
     let cannot = || format!("{flag} {}: cannot write there", path.display());
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => bail!("{flag} {}: is a directory", path.display()),
-        Ok(m) => {
-            use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-            // O_NONBLOCK: opening a FIFO that nothing reads fails at once (ENXIO) instead
-            // of blocking here, before the first run, for ever
-            let opened = std::fs::OpenOptions::new()
+        Ok(_) => {
+            crate::out_path::refuse_unread_fifo(path)
+                .with_context(|| format!("{flag} {}", path.display()))?;
+            std::fs::OpenOptions::new()
                 .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(path);
-            if m.file_type().is_fifo() && opened.is_err() {
-                bail!(
-                    "{flag} {}: a FIFO that nothing reads; start its reader first",
-                    path.display()
-                );
-            }
-            opened.with_context(cannot)?;
+                .open(path)
+                .with_context(cannot)?;
         }
         Err(_) => {
             std::fs::OpenOptions::new()

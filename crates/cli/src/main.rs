@@ -43,6 +43,7 @@ mod info;
 mod input;
 mod inspect;
 mod out;
+mod out_path;
 mod run;
 mod serve;
 mod signals;
@@ -93,6 +94,7 @@ fn main() {
     if let Some(dir) = std::env::var_os(bench::JANITOR_ENV) {
         bench::janitor(&dir);
     }
+    signals::ignore_file_size_limit();
     // A worker or bench child whose parent is already gone has nobody to report to.
     if !signals::tie_to_parent() {
         std::process::exit(128 + libc::SIGKILL);

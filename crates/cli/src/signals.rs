@@ -53,6 +53,14 @@ pub fn catch() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Ignores SIGXFSZ, so that a write past the file-size limit (`ulimit -f`) fails with
+/// EFBIG, which the command reports naming the file, instead of killing the process with
+/// no message.
+pub fn ignore_file_size_limit() {
+    // SAFETY: SIG_IGN is a valid disposition for SIGXFSZ; no handler code runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+}
+
 /// How many times `sig` (one of [`TERMINATION`]) has arrived since [`catch`].
 pub fn count(sig: libc::c_int) -> usize {
     TERMINATION
