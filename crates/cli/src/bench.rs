@@ -401,8 +401,8 @@ fn leave_on_signal(sig: libc::c_int, tmp: TempDir, runs: usize) -> ! {
     std::process::exit(128 + sig)
 }
 
-/// Refuses an output path that cannot be written, before any run: a directory, a place
-/// that does not exist or is read-only. An existing file is opened for writing without
+/// Refuses an output path that cannot be written, before any run: a directory, a FIFO
+/// that nothing reads, a place that does not exist or is read-only. An existing file is opened for writing without
 /// truncating it (it keeps its contents until the bench writes it); a new one is created
 /// and removed again.
 fn check_output(flag: &str, path: &Path) -> Result<()> {
@@ -410,6 +410,8 @@ fn check_output(flag: &str, path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => bail!("{flag} {}: is a directory", path.display()),
         Ok(_) => {
+            crate::out_path::refuse_unread_fifo(path)
+                .with_context(|| format!("{flag} {}", path.display()))?;
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(path)

@@ -9,8 +9,9 @@
 //! copied as it is (as llama-quantize does); tensors llama-quantize leaves alone (1-D,
 //! norms) keep their type. All metadata is copied, `general.file_type` is set as
 //! llama-quantize sets it and `general.alignment` to the chosen alignment. The output is
-//! written to a temporary file in the same directory and renamed into place; converting
-//! a file onto itself is refused.
+//! written to a file with no name in the same directory and named once complete, so no
+//! signal, SIGKILL included, leaves a partial file; converting a file onto itself is
+//! refused.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -102,8 +103,8 @@ const MAX_ALIGN: u64 = 1 << 31;
 pub struct Args {
     /// Input GGUF file.
     pub input: PathBuf,
-    /// Output GGUF file (written to a temporary name beside it, then renamed); must not
-    /// be the input file.
+    /// Output GGUF file (written beside it without a name, then named); must not be the
+    /// input file.
     pub output: PathBuf,
     /// Type for every quantisable weight (single types as `llama-quantize --pure`), or
     /// a mix (q4_k_m, q5_k_m); 1-D tensors and norms keep their type.
@@ -296,9 +297,9 @@ fn build(file: &GgufFile, types: &[GgmlType], scheme: Scheme, align: u64) -> Res
     Ok(writer)
 }
 
-/// From now on SIGINT, SIGTERM or SIGHUP removes `tmp` (the partial output) and ends the
-/// process with 128 + the signal, so an interrupted conversion leaves nothing behind.
-/// (SIGKILL still leaves the file, named after the process id.)
+/// From now on SIGINT, SIGTERM or SIGHUP removes `tmp` (a partial or not yet renamed
+/// output) and ends the process with 128 + the signal, so an interrupted conversion
+/// leaves nothing behind.
 fn remove_on_signal(tmp: PathBuf) -> Result<()> {
     crate::signals::catch().context("installing the signal handlers")?;
     std::thread::spawn(move || loop {
@@ -314,8 +315,45 @@ fn remove_on_signal(tmp: PathBuf) -> Result<()> {
     Ok(())
 }
 
-/// Writes to `<dir>/.<name>.tmp-<pid>` then renames over `out`, so a failure leaves any
-/// existing `out` untouched and no partial file behind. Returns the bytes written.
+/// What a temporary output beside `name` is called: `.<name>.tmp-<pid>`, with `name`
+/// cut to 200 bytes so that the whole stays within the 255 bytes a file name may have
+/// (an output named with 250 could not be replaced).
+fn tmp_prefix(name: &std::ffi::OsStr) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    let cut = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
+    format!(".{cut}.tmp-")
+}
+
+/// Removes the temporary outputs for `name` in `dir` whose process is gone: what a
+/// SIGKILLed convert on a filesystem without unnamed files left behind.
+fn remove_stale(dir: &Path, name: &std::ffi::OsStr) {
+    let prefix = tmp_prefix(name);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let gone = !Path::new("/proc").join(pid.to_string()).exists();
+        if gone && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Writes `writer` to `out` so that no partial output is ever seen or left, even after
+/// SIGKILL: into a file with no name in `out`'s directory, named once complete (see
+/// `unnamed_file`). A failure leaves any existing `out` untouched. Where the filesystem
+/// has no unnamed files, the output is written to `<dir>/.<name>.tmp-<pid>` and renamed
+/// over `out`: SIGKILL then leaves that file, and the next convert to `out` removes it.
+/// Returns the bytes written.
 fn write_atomically(writer: &GgufWriter, out: &Path) -> Result<u64> {
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -324,25 +362,42 @@ fn write_atomically(writer: &GgufWriter, out: &Path) -> Result<u64> {
     let name = out
         .file_name()
         .with_context(|| format!("output path {} has no file name", out.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = dir.join(format!("{}{}", tmp_prefix(name), std::process::id()));
+    remove_stale(&dir, name);
     remove_on_signal(tmp.clone())?;
     let result = (|| -> Result<u64> {
-        let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let unnamed = crate::unnamed_file::create(&dir)
+            .with_context(|| format!("creating the output in {}", dir.display()))?;
+        let named = unnamed.is_none();
+        let f = match unnamed {
+            Some(f) => f,
+            None => File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+        };
         let mut w = BufWriter::with_capacity(1 << 20, f);
         writer
             .write_to(&mut w)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+            .with_context(|| format!("writing {}", out.display()))?;
         let f = w
             .into_inner()
             .map_err(|e| e.into_error())
-            .with_context(|| format!("writing {}", tmp.display()))?;
+            .with_context(|| format!("writing {}", out.display()))?;
         f.sync_all()
-            .with_context(|| format!("syncing {}", tmp.display()))?;
+            .with_context(|| format!("syncing {}", out.display()))?;
         let len = f.metadata()?.len();
+        if !named {
+            match crate::unnamed_file::link(&f, out) {
+                Ok(()) => return Ok(len),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    // a file of a dead process that had our id (ids are reused)
+                    let _ = std::fs::remove_file(&tmp);
+                    crate::unnamed_file::link(&f, &tmp)
+                        .with_context(|| format!("naming the output {}", tmp.display()))?;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("naming the output {}", out.display()))
+                }
+            }
+        }
         std::fs::rename(&tmp, out)
             .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
         Ok(len)
@@ -353,5 +408,69 @@ fn write_atomically(writer: &GgufWriter, out: &Path) -> Result<u64> {
             let _ = std::fs::remove_file(&tmp);
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where unnamed files cannot be made, a SIGKILLed convert leaves `.<name>.tmp-<pid>`;
+    /// the next convert to the same output removes it once its process is gone, and
+    /// nothing else.
+    #[test]
+    fn stale_temporary_outputs_of_dead_processes_are_removed() {
+        let dir = std::env::temp_dir().join(format!("vkdecode-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = std::ffi::OsStr::new("out.gguf");
+        // above any pid_max (2^22): never a live process
+        let dead = dir.join(".out.gguf.tmp-4194305");
+        let alive = dir.join(format!(".out.gguf.tmp-{}", std::process::id()));
+        let other = dir.join(".other.gguf.tmp-4194305");
+        let odd = dir.join(".out.gguf.tmp-x");
+        for p in [&dead, &alive, &other, &odd] {
+            std::fs::write(p, b"partial").unwrap();
+        }
+        remove_stale(&dir, name);
+        assert!(!dead.exists());
+        assert!(alive.exists() && other.exists() && odd.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The output has no name until it is complete, and then replaces an existing file.
+    #[test]
+    fn the_output_is_named_only_when_complete() {
+        let dir = std::env::temp_dir().join(format!("vkdecode-named-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out.gguf");
+        let mut w = GgufWriter::new(32);
+        w.add_metadata("general.architecture", Value::String("llama".into()));
+        let n = write_atomically(&w, &out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), n);
+        std::fs::write(&out, b"old").unwrap();
+        let n = write_atomically(&w, &out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), n);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("out.gguf")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An output whose name has the longest length a file name may have is written, and
+    /// replaced: the temporary name beside it was 10 bytes longer, too long.
+    #[test]
+    fn an_output_with_the_longest_name_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("vkdecode-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("L".repeat(255));
+        let w = GgufWriter::new(32);
+        std::fs::write(&out, b"old").unwrap();
+        let n = write_atomically(&w, &out).unwrap();
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), n);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

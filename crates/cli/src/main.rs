@@ -4,7 +4,8 @@
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
 //!
-//! `unsafe` is denied, and allowed in one module (`signals`: sigaction, kill, prctl).
+//! `unsafe` is denied, and allowed in two modules (`signals`: sigaction, kill, prctl;
+//! `unnamed_file`: linkat).
 #![deny(unsafe_code)]
 
 /// `print!` to stdout, ending the process quietly when the reader has gone (see out.rs).
@@ -42,12 +43,14 @@ mod info;
 mod input;
 mod inspect;
 mod out;
+mod out_path;
 mod run;
 mod serve;
 mod signals;
 mod stats;
 mod supervise;
 mod tokenize;
+mod unnamed_file;
 
 use std::io::IsTerminal;
 
@@ -91,6 +94,7 @@ fn main() {
     if let Some(dir) = std::env::var_os(bench::JANITOR_ENV) {
         bench::janitor(&dir);
     }
+    signals::ignore_file_size_limit();
     // A worker or bench child whose parent is already gone has nobody to report to.
     if !signals::tie_to_parent() {
         std::process::exit(128 + libc::SIGKILL);

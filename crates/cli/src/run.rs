@@ -253,7 +253,7 @@ pub fn run(args: Args) -> Result<()> {
     // Open the stats file first: a bad path is reported before the generation, not after.
     let mut stats_file = match &args.stats_json {
         Some(path) => Some(
-            std::fs::File::create(path)
+            crate::out_path::create(path)
                 .with_context(|| format!("--stats-json: cannot write {}", path.display()))?,
         ),
         None => None,

@@ -93,8 +93,10 @@ pub struct Args {
     #[arg(long)]
     pub alias: Option<String>,
 
-    /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
-    #[arg(long = "shutdown-grace", default_value_t = 10.0)]
+    /// Seconds in-flight requests may run after SIGTERM before they are cancelled. The
+    /// default (1 s) keeps the promise that a signalled server is gone within 2 s, as
+    /// `timeout`, service managers and scripts expect; a longer grace gives that up.
+    #[arg(long = "shutdown-grace", default_value_t = 1.0)]
     pub shutdown_grace: f64,
 
     /// Vulkan device index (see `vkdecode info`).

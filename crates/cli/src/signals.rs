@@ -8,8 +8,8 @@
 //! when its parent dies ([`tie_to_parent`], `PR_SET_PDEATHSIG`) and then checks that the
 //! parent that started it is still there: it may have died before the request was made.
 //!
-//! This module is the crate's one `unsafe` site: std has no safe `sigaction`, `kill(2)`
-//! with a chosen signal, or `prctl`.
+//! This module and `unnamed_file` are the crate's `unsafe` sites: std has no safe
+//! `sigaction`, `kill(2)` with a chosen signal, or `prctl`.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +51,14 @@ pub fn catch() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Ignores SIGXFSZ, so that a write past the file-size limit (`ulimit -f`) fails with
+/// EFBIG, which the command reports naming the file, instead of killing the process with
+/// no message.
+pub fn ignore_file_size_limit() {
+    // SAFETY: SIG_IGN is a valid disposition for SIGXFSZ; no handler code runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 /// How many times `sig` (one of [`TERMINATION`]) has arrived since [`catch`].

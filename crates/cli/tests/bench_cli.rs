@@ -774,5 +774,37 @@ fn unwritable_output_paths_are_refused_before_any_run() {
             "{flag} {path:?}: a run started first: {stderr}"
         );
     }
+    // a FIFO that nothing reads: checking it blocked for ever before the first run (the
+    // test's own `timeout` bounds a regression)
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for flag in ["--json", "--plot"] {
+        let out = Command::new("timeout")
+            .arg("60")
+            .arg(env!("CARGO_BIN_EXE_vkdecode"))
+            .arg("bench")
+            .arg("-m")
+            .arg(&model)
+            .args(["--backend", "reference", "-p", "6", "-n", "3", "-r", "1"])
+            .arg(flag)
+            .arg(&fifo)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running vkdecode bench");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag} FIFO: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("FIFO that nothing reads"),
+            "{flag} FIFO: {stderr}"
+        );
+        assert!(
+            !stderr.contains("[1/"),
+            "{flag} FIFO: a run started: {stderr}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

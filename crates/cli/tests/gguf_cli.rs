@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 use gguf::{dequantize_row, quantize_q8_0, GgmlType, Gguf, GgufWriter, Value, ValueType};
 use sha2::{Digest, Sha256};
 
+mod common;
+
 fn models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models")
 }
@@ -561,7 +563,8 @@ fn convert_refuses_an_output_that_is_not_a_regular_file() {
 }
 
 /// SIGTERM, SIGHUP or SIGINT while `convert` writes its output left the partial file
-/// (`.<name>.tmp-<pid>`) beside it. It is removed, and the status is 128 + the signal.
+/// (`.<name>.tmp-<pid>`) beside it. Nothing is left now, and the status is 128 + the
+/// signal (SIGKILL and `timeout`: signals_cli.rs).
 #[test]
 fn a_signal_during_convert_leaves_no_partial_file() {
     let input = model("SmolLM2-135M-Instruct.Q8_0.gguf");
@@ -575,15 +578,9 @@ fn a_signal_during_convert_leaves_no_partial_file() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("running vkdecode convert");
-        // the partial file appears once the conversion writes
-        let partial = || {
-            std::fs::read_dir(&dir)
-                .unwrap()
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-        };
+        // the output is open once the conversion writes (it has no name until complete)
         let start = std::time::Instant::now();
-        while !partial() {
+        while !common::writes_into(child.id(), &dir) {
             if child.try_wait().unwrap().is_some() {
                 break;
             }
@@ -604,7 +601,15 @@ fn a_signal_during_convert_leaves_no_partial_file() {
             continue;
         }
         assert_eq!(status.code(), Some(code), "{sig}: {status}");
-        assert!(!partial(), "{sig}: the partial file is left");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{sig}: left in the output's directory: {left:?}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

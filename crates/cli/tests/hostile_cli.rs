@@ -595,3 +595,56 @@ fn an_unwritable_stderr_or_stdout_never_panics() {
         .expect("run sh");
     assert_eq!(out.status.code(), Some(1), "2>&-: {out:?}");
 }
+
+/// Outputs that cannot take what is written. `--stats-json` naming a FIFO that nothing
+/// reads blocked the main command for ever, silent, before loading anything; a file-size
+/// limit (`ulimit -f`) killed convert with SIGXFSZ and no message. Each is now an error
+/// naming the file (exit 1), and convert leaves nothing beside its output. Every case
+/// runs under `timeout 60`, so a regression fails instead of hanging the test.
+#[test]
+fn outputs_that_cannot_be_written_are_errors_not_hangs_or_kills() {
+    let dir = TempDir::new("outputs");
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let outdir = dir.join("out");
+    std::fs::create_dir_all(&outdir).unwrap();
+    let model = q8();
+    let bin = env!("CARGO_BIN_EXE_vkdecode");
+    let cases: [(&str, String, &str); 2] = [
+        (
+            "--stats-json on a FIFO",
+            format!(
+                "exec timeout 60 {bin} -m {} -p hi -n 2 --stats-json {}",
+                model.display(),
+                fifo.display()
+            ),
+            "a FIFO that nothing reads",
+        ),
+        (
+            "convert past ulimit -f",
+            format!(
+                "ulimit -f 1000 && exec timeout 60 {bin} convert {} {}",
+                model.display(),
+                outdir.join("o.gguf").display()
+            ),
+            "File too large",
+        ),
+    ];
+    for (what, script, needle) in cases {
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {:?} {err}", out.status);
+        assert!(err.contains(needle), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&outdir).unwrap().flatten().collect();
+    assert!(left.is_empty(), "convert left {left:?}");
+}

@@ -155,7 +155,7 @@ fn sigterm_does_not_wait_for_stalled_clients() {
     let status = s.terminate();
     let took = start.elapsed();
     assert_eq!(status.code(), Some(0), "{}", s.stderr());
-    // the default header, body and idle timeouts (10 s and more) and the 10 s grace are
+    // the default header, body and idle timeouts (10 s and more) and the grace are
     // not waited for
     assert!(took < Duration::from_secs(5), "SIGTERM took {took:?}");
     drop((silent, partial, kept, body));

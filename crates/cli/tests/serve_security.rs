@@ -37,6 +37,8 @@ fn send(
 const JSON: (&str, &str) = ("Content-Type", "application/json");
 const COMPLETION: &str =
     r#"{"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0}"#;
+const CHAT: &str =
+    r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}"#;
 
 fn no_cors_headers(r: &Resp, what: &str) {
     let cors: Vec<_> = r
@@ -45,6 +47,45 @@ fn no_cors_headers(r: &Resp, what: &str) {
         .filter(|(k, _)| k.starts_with("access-control-"))
         .collect();
     assert!(cors.is_empty(), "{what}: CORS headers {cors:?}");
+}
+
+/// A completion POSTed with a JSON body and a loopback Host, from a page of `origin`
+/// (none: no Origin header).
+fn post_from(s: &Server, path: &str, origin: Option<&str>) -> Resp {
+    let body = if path == "/v1/chat/completions" {
+        CHAT
+    } else {
+        COMPLETION
+    };
+    let mut headers = vec![JSON];
+    headers.extend(origin.map(|o| ("Origin", o)));
+    send(s, "POST", path, Some("localhost"), &headers, body)
+}
+
+/// The CORS preflight a browser sends before a POST from `origin` with `headers`.
+fn preflight(s: &Server, path: &str, origin: &str, headers: &str) -> Resp {
+    send(
+        s,
+        "OPTIONS",
+        path,
+        Some("localhost"),
+        &[
+            ("Origin", origin),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", headers),
+        ],
+        "",
+    )
+}
+
+/// A POST from a page of `origin`, which the server does not let in, to every route
+/// that takes one: 403 without CORS headers.
+fn assert_origin_refused(s: &Server, origin: &str) {
+    for path in ["/v1/completions", "/v1/chat/completions", "/tokenize"] {
+        let r = post_from(s, path, Some(origin));
+        assert_eq!(r.status, 403, "Origin {origin} {path}: {}", r.text());
+        no_cors_headers(&r, origin);
+    }
 }
 
 #[test]
@@ -171,28 +212,8 @@ fn page_style_requests_never_run_a_completion() {
         "null",
         "http://localhost.evil.example",
     ] {
-        let r = send(
-            &s,
-            "POST",
-            "/v1/completions",
-            Some("localhost"),
-            &[JSON, ("Origin", origin)],
-            COMPLETION,
-        );
-        assert_eq!(r.status, 403, "Origin {origin}: {}", r.text());
-        no_cors_headers(&r, origin);
-        let r = send(
-            &s,
-            "OPTIONS",
-            "/v1/completions",
-            Some("localhost"),
-            &[
-                ("Origin", origin),
-                ("Access-Control-Request-Method", "POST"),
-                ("Access-Control-Request-Headers", "content-type"),
-            ],
-            "",
-        );
+        assert_origin_refused(&s, origin);
+        let r = preflight(&s, "/v1/completions", origin, "content-type");
         no_cors_headers(&r, origin);
     }
     assert_eq!(s.metric("vkdecode_requests_total"), requests);
@@ -243,20 +264,11 @@ fn cors_headers_only_for_the_origins_given() {
     ]);
     let requests = s.metric("vkdecode_requests_total");
     for origin in ["http://app.example", "https://ui.example:8443"] {
-        let r = send(
+        let r = preflight(
             &s,
-            "OPTIONS",
             "/v1/chat/completions",
-            Some("localhost"),
-            &[
-                ("Origin", origin),
-                ("Access-Control-Request-Method", "POST"),
-                (
-                    "Access-Control-Request-Headers",
-                    "authorization, content-type",
-                ),
-            ],
-            "",
+            origin,
+            "authorization, content-type",
         );
         assert_eq!(r.status, 204, "preflight from {origin}: {}", r.text());
         assert_eq!(r.header("access-control-allow-origin"), Some(origin));
@@ -270,14 +282,7 @@ fn cors_headers_only_for_the_origins_given() {
             allowed.contains("authorization") && allowed.contains("content-type"),
             "{allowed}"
         );
-        let r = send(
-            &s,
-            "POST",
-            "/v1/completions",
-            Some("localhost"),
-            &[JSON, ("Origin", origin)],
-            COMPLETION,
-        );
+        let r = post_from(&s, "/v1/completions", Some(origin));
         assert_eq!(r.status, 200, "{origin}: {}", r.text());
         assert_eq!(r.header("access-control-allow-origin"), Some(origin));
         assert!(r.header("vary").is_some_and(|v| v.contains("Origin")));
@@ -287,26 +292,10 @@ fn cors_headers_only_for_the_origins_given() {
         "http://app.example:81",
         "https://app.example",
     ] {
-        let r = send(
-            &s,
-            "POST",
-            "/v1/completions",
-            Some("localhost"),
-            &[JSON, ("Origin", origin)],
-            COMPLETION,
-        );
-        assert_eq!(r.status, 403, "{origin}: {}", r.text());
-        no_cors_headers(&r, origin);
+        assert_origin_refused(&s, origin);
     }
     // a request without an Origin gets no CORS headers either
-    let r = send(
-        &s,
-        "POST",
-        "/v1/completions",
-        Some("localhost"),
-        &[JSON],
-        COMPLETION,
-    );
+    let r = post_from(&s, "/v1/completions", None);
     assert_eq!(r.status, 200);
     no_cors_headers(&r, "no Origin");
     assert_eq!(s.metric("vkdecode_requests_total"), requests + 3.0);

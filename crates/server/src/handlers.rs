@@ -23,7 +23,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::conn::PeerEof;
 use crate::error::ApiError;
-use crate::http::{parse_json, read_body, AppState};
+use crate::http::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
 use crate::metrics::Metrics;
 use crate::params::{cap_max_tokens, ChatRequest, Checked, CompletionRequest, Prompt};
@@ -43,14 +43,7 @@ pub async fn chat(
     body: Body,
 ) -> Response {
     let run = async {
-        let bytes = read_body(
-            body,
-            &headers,
-            st.opts.max_body,
-            st.opts.limits.body_timeout,
-        )
-        .await?;
-        let req: ChatRequest = parse_json(&bytes)?;
+        let req: ChatRequest = st.read_json(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
         let checked = req.sampling.check(fresh_seed())?;
         if req.messages.is_empty() {
@@ -92,14 +85,7 @@ pub async fn completions(
     body: Body,
 ) -> Response {
     let run = async {
-        let bytes = read_body(
-            body,
-            &headers,
-            st.opts.max_body,
-            st.opts.limits.body_timeout,
-        )
-        .await?;
-        let req: CompletionRequest = parse_json(&bytes)?;
+        let req: CompletionRequest = st.read_json(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
         let checked = req.sampling.check(fresh_seed())?;
         let ids = match &req.prompt {
@@ -112,13 +98,7 @@ pub async fn completions(
                 ))
             }
             Prompt::Ids(ids) => {
-                let vocab = st.tok.vocab_size();
-                if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                    return Err(ApiError::bad_param(
-                        "prompt",
-                        format!("token id {bad} is outside the vocabulary of {vocab}"),
-                    ));
-                }
+                st.check_token_ids(ids, "prompt")?;
                 ids.clone()
             }
         };

@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::guard::Access;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
-use crate::{guard, handlers, misc};
+use crate::{guard, handlers, status, tokens};
 
 /// Limits and identity of the server.
 #[derive(Clone, Debug)]
@@ -107,6 +107,34 @@ impl AppState {
             }),
         }
     }
+
+    /// A POST body read within the size limit and the body deadline, parsed as JSON.
+    pub async fn read_json<T: DeserializeOwned>(
+        &self,
+        headers: &axum::http::HeaderMap,
+        body: Body,
+    ) -> Result<T, ApiError> {
+        let bytes = read_body(
+            body,
+            headers,
+            self.opts.max_body,
+            self.opts.limits.body_timeout,
+        )
+        .await?;
+        parse_json(&bytes)
+    }
+
+    /// Every id of `ids` must be in the vocabulary (a 400 naming `param` otherwise).
+    pub fn check_token_ids(&self, ids: &[u32], param: &'static str) -> Result<(), ApiError> {
+        let vocab = self.tok.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(bad) => Err(ApiError::bad_param(
+                param,
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 pub fn unix_now() -> u64 {
@@ -121,13 +149,13 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
-        .route("/v1/models", get(misc::models))
-        .route("/metrics", get(misc::metrics))
-        .route("/tokenize", post(misc::tokenize))
-        .route("/detokenize", post(misc::detokenize))
+        .route("/v1/models", get(status::models))
+        .route("/metrics", get(status::metrics))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
-        .route("/health", get(misc::health))
+        .route("/health", get(status::health))
         .merge(api)
         .fallback(|| async {
             ApiError::not_found("no such route (see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
@@ -260,8 +288,10 @@ pub async fn serve(
 }
 
 /// How long answers cancelled at the end of the grace period have to reach their
-/// clients before their connections are dropped.
-const DRAIN_AFTER_GRACE: Duration = Duration::from_secs(3);
+/// clients before their connections are dropped: a client that reads takes its last
+/// event at once, and one that does not must not hold the exit past 2 s of the signal
+/// (with the default 1 s grace).
+const DRAIN_AFTER_GRACE: Duration = Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {

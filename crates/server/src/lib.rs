@@ -5,7 +5,8 @@
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
 //!   [`handlers`] the two generation endpoints (JSON or server-sent events),
-//!   `misc` the small routes; [`params`] the request bodies and their checks;
+//!   `status` (`/health`, `/v1/models`, `/metrics`) and `tokens` (`/tokenize`,
+//!   `/detokenize`) the small routes; [`params`] the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
 //! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
 //!   steps, disconnects), written against the [`backend::SlotEngine`] trait, which
@@ -22,9 +23,10 @@ pub mod handlers;
 pub mod http;
 pub mod job;
 pub mod metrics;
-mod misc;
 pub mod params;
 pub mod scheduler;
+mod status;
+mod tokens;
 
 pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
 pub use crate::conn::ConnLimits;

@@ -253,3 +253,16 @@ pub fn wait_for(what: &str, buf: &std::sync::Mutex<String>, cond: impl Fn(&str) 
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Whether process `pid` holds a descriptor of a file in `dir`, named or not (a file
+/// opened with O_TMPFILE shows as `dir/#inode (deleted)`): how a test sees that a writer
+/// has begun its output.
+pub fn writes_into(pid: u32, dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|target| target.parent() == Some(dir.as_path()))
+    })
+}
