@@ -4,7 +4,8 @@
 //! - [`http`]: the router, limits, the API key, graceful shutdown; [`conn`] the
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
-//!   [`handlers`] the two generation endpoints (JSON or server-sent events),
+//!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
+//!   their log-probabilities in OpenAI's shapes,
 //!   `misc` the small routes; [`params`] the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
 //! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
@@ -21,6 +22,7 @@ pub mod guard;
 pub mod handlers;
 pub mod http;
 pub mod job;
+mod logprobs;
 pub mod metrics;
 mod misc;
 pub mod params;
