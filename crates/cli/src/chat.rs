@@ -251,6 +251,7 @@ pub fn run(args: Args) -> Result<()> {
                         repeat_penalty: 1.0,
                         repeat_last_n: 64,
                         seed: seed.wrapping_add(chat.turns),
+                        ..engine::SamplerOptions::default()
                     },
                     stop: Vec::new(),
                     ignore_eos: false,

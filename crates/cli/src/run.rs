@@ -100,9 +100,33 @@ pub struct Args {
     )]
     pub repeat_penalty: f32,
 
-    /// How many recent tokens the repetition penalty looks at.
+    /// How many recent tokens (prompt included, as llama.cpp) the repetition, frequency and
+    /// presence penalties look at; 0 disables them.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
+
+    /// Subtract N from a token's logit per time it appears in the last --repeat-last-n
+    /// tokens, -2 to 2 (0 disables).
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub frequency_penalty: f32,
+
+    /// Subtract N from the logit of any token that appears in the last --repeat-last-n
+    /// tokens, -2 to 2 (0 disables).
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub presence_penalty: f32,
+
+    /// Add BIAS to token TOKEN_ID's logit, as llama-cli: `15043+1`, `15043-0.5`; a bias of
+    /// `-inf` bans the token. Repeatable.
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<LogitBias>,
 
     /// Random seed for sampling (default: taken from the clock, and reported in the stats).
     #[arg(long)]
@@ -224,7 +248,37 @@ fn validate_sampling(args: &Args) -> Result<()> {
         args.repeat_penalty > 0.0,
         "above 0 (1 disables)",
     )?;
+    for (flag, v) in [
+        ("--frequency-penalty", args.frequency_penalty),
+        ("--presence-penalty", args.presence_penalty),
+    ] {
+        check(flag, v, (-2.0..=2.0).contains(&v), "-2 to 2 (0 disables)")?;
+    }
     Ok(())
+}
+
+/// One `--logit-bias`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogitBias {
+    pub token: u32,
+    pub bias: f32,
+}
+
+/// llama-cli's `TOKEN_ID(+|-)BIAS`, e.g. `15043+1` or `15043-inf`.
+fn parse_logit_bias(s: &str) -> Result<LogitBias, String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("{s:?} is not TOKEN_ID(+|-)BIAS, e.g. 15043+1"))?;
+    let token = s[..at]
+        .parse()
+        .map_err(|_| format!("{:?} is not a token id (in {s:?})", &s[..at]))?;
+    let bias: f32 = s[at..]
+        .parse()
+        .map_err(|_| format!("{:?} is not a bias (in {s:?})", &s[at..]))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!("bias {bias} (in {s:?}) must be a number or -inf"));
+    }
+    Ok(LogitBias { token, bias })
 }
 
 /// The model path of a run whose weights may be the file's own pages (the Vulkan backend
@@ -364,6 +418,10 @@ pub fn run(args: Args) -> Result<()> {
             min_p: args.min_p,
             repeat_penalty: args.repeat_penalty,
             repeat_last_n: args.repeat_last_n,
+            frequency_penalty: args.frequency_penalty,
+            presence_penalty: args.presence_penalty,
+            logit_bias: args.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
+            logprobs: None,
             seed,
         },
         cancel: Some(cancel.clone()),
@@ -576,4 +634,20 @@ fn parse_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
             Ok(id)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_logit_bias, LogitBias};
+
+    #[test]
+    fn logit_bias_takes_llama_cli_syntax() {
+        let b = |token, bias| Ok(LogitBias { token, bias });
+        assert_eq!(parse_logit_bias("15043+1"), b(15043, 1.0));
+        assert_eq!(parse_logit_bias("7-0.5"), b(7, -0.5));
+        assert_eq!(parse_logit_bias("2-inf"), b(2, f32::NEG_INFINITY));
+        for bad in ["15043", "x+1", "1+y", "1+inf", "+1"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
+        }
+    }
 }

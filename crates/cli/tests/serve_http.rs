@@ -127,7 +127,7 @@ fn errors_have_their_status_and_the_server_keeps_serving() {
             Some("messages"),
         ),
         ("/v1/completions", r#"{"prompt": 42}"#, None),
-        ("/v1/completions", r#"{"prompt": "hi", "n": 3}"#, Some("n")),
+        ("/v1/completions", r#"{"prompt": "hi", "n": 17}"#, Some("n")),
         ("/v1/completions", r#"{"prompt": [999999]}"#, Some("prompt")),
         ("/v1/completions", r#"{"prompt": ""}"#, Some("prompt")),
         ("/tokenize", r#"{"content": 5}"#, None),

@@ -8,26 +8,7 @@ mod serve_common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use serve_common::{cli_greedy, Server};
-
-fn venv_python() -> Option<PathBuf> {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python");
-    if py.exists() {
-        return Some(py);
-    }
-    if std::env::var("VKDECODE_ALLOW_NO_VENV").is_ok_and(|v| v == "1") {
-        eprintln!(
-            "note: {} is missing; skipping (VKDECODE_ALLOW_NO_VENV=1)",
-            py.display()
-        );
-        return None;
-    }
-    panic!(
-        "{} is missing: run scripts/setup (it makes the test venv with the openai package), \
-         or set VKDECODE_ALLOW_NO_VENV=1 to skip this test",
-        py.display()
-    );
-}
+use serve_common::{cli_greedy, venv_python, Server};
 
 #[test]
 fn the_openai_package_talks_to_the_server() {

@@ -319,16 +319,17 @@ fn unimplemented_parameters_are_refused_by_name() {
         s.post("/v1/completions", &body)
     };
     let requests = s.metric("vkdecode_requests_total");
+    // unimplemented, or implemented and out of range
     for (param, value) in [
-        ("logprobs", json!(true)),
-        ("top_logprobs", json!(3)),
+        ("logprobs", json!(3)),
+        ("top_logprobs", json!(21)),
         (
             "tools",
             json!([{"type": "function", "function": {"name": "f"}}]),
         ),
         ("response_format", json!({"type": "json_object"})),
-        ("presence_penalty", json!(0.5)),
-        ("frequency_penalty", json!(-1)),
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-3)),
     ] {
         let r = chat(json!({ param: value }));
         assert_eq!(r.status, 400, "chat {param}: {}", r.text());
@@ -337,10 +338,10 @@ fn unimplemented_parameters_are_refused_by_name() {
         assert!(e["message"].as_str().unwrap().contains(param), "{e}");
     }
     for (param, value) in [
-        ("logprobs", json!(2)),
-        ("echo", json!(true)),
-        ("presence_penalty", json!(1)),
-        ("frequency_penalty", json!(0.1)),
+        ("logprobs", json!(6)),
+        ("best_of", json!(3)),
+        ("presence_penalty", json!(3)),
+        ("frequency_penalty", json!(2.1)),
     ] {
         let r = complete(json!({ param: value }));
         assert_eq!(r.status, 400, "completions {param}: {}", r.text());

@@ -1,6 +1,17 @@
 //! Token sampling on the CPU, with llama.cpp's defaults and order of operations
 //! (llama.cpp `common/sampling.cpp`, `src/llama-sampling.cpp`):
-//! repetition penalty → top-k → top-p → min-p → temperature → draw from the softmax.
+//! logit bias → penalties (repetition, frequency, presence) → top-k → top-p → min-p →
+//! temperature → draw from the softmax.
+//!
+//! The penalties are llama.cpp's `penalties` sampler: they look at the last
+//! `repeat_last_n` tokens, prompt tokens included (llama-server feeds the prompt through
+//! its sampler too), and for a token seen `c > 0` times there the logit `l` becomes
+//! `(l > 0 ? l / repeat : l * repeat) - c * frequency - presence`.
+//!
+//! Log-probabilities (OpenAI's `logprobs`) are the log-softmax of the logits the sampler
+//! saw after the bias and the penalties, before temperature and truncation: the model's
+//! own distribution as the request shaped it, which is what OpenAI documents ("the log
+//! probability of this token"), not llama-server's post-truncation probabilities.
 //!
 //! A temperature of 0 (or below) is greedy: the first maximum after the penalty. A seeded
 //! generator makes every run reproducible. Nothing is allocated per token once the
@@ -26,10 +37,31 @@ pub struct SamplerOptions {
     /// Logits of recently seen tokens are divided by this when positive, multiplied when
     /// negative; 1 disables it.
     pub repeat_penalty: f32,
-    /// How many of the latest tokens the penalty looks at; 0 disables it.
+    /// How many of the latest tokens the penalties look at; 0 disables them.
     pub repeat_last_n: usize,
+    /// Subtracted from a token's logit once per time it appears in the window (OpenAI's
+    /// `frequency_penalty`); 0 disables it.
+    pub frequency_penalty: f32,
+    /// Subtracted from the logit of any token that appears in the window (OpenAI's
+    /// `presence_penalty`); 0 disables it.
+    pub presence_penalty: f32,
+    /// Added to the logits of these tokens before anything else; `f32::NEG_INFINITY`
+    /// (what a bias of -100 maps to in the server) bans the token.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Report each chosen token's log-probability and this many most likely alternatives
+    /// ([`Sampler::take_logprob`]); `None` reports nothing.
+    pub logprobs: Option<usize>,
     /// Seed of the generator.
     pub seed: u64,
+}
+
+/// A chosen token's log-probability and the most likely tokens at its position, best
+/// first (ties by id), as the sampler saw them (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerOptions {
@@ -41,6 +73,10 @@ impl Default for SamplerOptions {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            logprobs: None,
             seed: 0x5EED,
         }
     }
@@ -73,8 +109,12 @@ pub struct Sampler {
     history: VecDeque<u32>,
     /// Scratch: (token, logit) candidates, reused every call.
     cand: Vec<(u32, f32)>,
-    /// Scratch: distinct penalised tokens.
+    /// Scratch: the window's tokens, sorted (runs give the counts).
     seen: Vec<u32>,
+    /// Scratch: the logits after bias and penalties, by id (logprob requests only).
+    shaped: Vec<f32>,
+    /// The last chosen token's log-probability, when asked for.
+    last_logprob: Option<TokenLogprob>,
 }
 
 impl Sampler {
@@ -86,6 +126,8 @@ impl Sampler {
             history: VecDeque::new(),
             cand: Vec::new(),
             seen: Vec::new(),
+            shaped: Vec::new(),
+            last_logprob: None,
         }
     }
 
@@ -94,13 +136,25 @@ impl Sampler {
     }
 
     /// True when the choice is the plain argmax of the logits, so the engine can take the
-    /// argmax on the GPU and read back 4 bytes instead of the logits.
+    /// argmax on the GPU and read back 4 bytes instead of the logits (not when a bias, a
+    /// penalty or log-probabilities need the logits themselves).
     pub fn is_greedy(&self) -> bool {
-        self.opts.temperature <= 0.0 && !self.penalises()
+        self.opts.temperature <= 0.0
+            && !self.penalises()
+            && self.opts.logit_bias.is_empty()
+            && self.opts.logprobs.is_none()
     }
 
     fn penalises(&self) -> bool {
-        self.opts.repeat_penalty != 1.0 && self.opts.repeat_last_n > 0
+        let o = &self.opts;
+        o.repeat_last_n > 0
+            && (o.repeat_penalty != 1.0 || o.frequency_penalty != 0.0 || o.presence_penalty != 0.0)
+    }
+
+    /// The log-probability of the token the last [`Sampler::sample`] chose, when the
+    /// options ask for them.
+    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+        self.last_logprob.take()
     }
 
     /// Records a token (prompt tokens included) for the repetition penalty.
@@ -128,14 +182,37 @@ impl Sampler {
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        for &(t, b) in &self.opts.logit_bias {
+            if let Some(c) = self.cand.get_mut(t as usize) {
+                c.1 += b;
+            }
+        }
         self.apply_penalty();
+        if self.opts.logprobs.is_some() {
+            self.shaped.clear();
+            self.shaped.extend(self.cand.iter().map(|c| c.1));
+        }
         self.cand
             .retain(|&(_, l)| !l.is_nan() && l != f32::NEG_INFINITY);
         if self.cand.is_empty() {
             return Err(SampleError::NoCandidate { n: logits.len() });
         }
+        let top = self.opts.logprobs.map(|n| log_softmax_top(&self.cand, n));
+        let tok = self.draw();
+        if let Some((lse, top)) = top {
+            self.last_logprob = Some(TokenLogprob {
+                token: tok,
+                logprob: (f64::from(self.shaped[tok as usize]) - lse) as f32,
+                top,
+            });
+        }
+        Ok(tok)
+    }
+
+    /// Truncates and draws from the candidates (in id order, bias and penalties applied).
+    fn draw(&mut self) -> u32 {
         if self.opts.temperature <= 0.0 {
-            return Ok(first_max(&self.cand));
+            return first_max(&self.cand);
         }
         self.top_k();
         self.top_p();
@@ -151,14 +228,14 @@ impl Sampler {
         for &(tok, p) in &self.cand {
             r -= f64::from(p);
             if r < 0.0 {
-                return Ok(tok);
+                return tok;
             }
         }
-        Ok(self.cand[self.cand.len() - 1].0)
+        self.cand[self.cand.len() - 1].0
     }
 
-    /// Applies the repetition penalty once per distinct token of the history (candidates
-    /// are still indexed by token id here).
+    /// Applies the penalties once per distinct token of the history, with its count there
+    /// (candidates are still indexed by token id here).
     fn apply_penalty(&mut self) {
         if !self.penalises() {
             return;
@@ -166,11 +243,16 @@ impl Sampler {
         self.seen.clear();
         self.seen.extend(self.history.iter().copied());
         self.seen.sort_unstable();
-        self.seen.dedup();
-        let p = self.opts.repeat_penalty;
-        for &t in &self.seen {
-            if let Some(c) = self.cand.get_mut(t as usize) {
-                c.1 = if c.1 > 0.0 { c.1 / p } else { c.1 * p };
+        let o = &self.opts;
+        for run in self.seen.chunk_by(|a, b| a == b) {
+            if let Some(c) = self.cand.get_mut(run[0] as usize) {
+                c.1 = penalise(
+                    c.1,
+                    run.len(),
+                    o.repeat_penalty,
+                    o.frequency_penalty,
+                    o.presence_penalty,
+                );
             }
         }
     }
@@ -216,6 +298,37 @@ impl Sampler {
     }
 }
 
+/// llama.cpp's penalty of a logit `l` whose token appears `count > 0` times in the window.
+pub fn penalise(l: f32, count: usize, repeat: f32, frequency: f32, presence: f32) -> f32 {
+    let l = if l > 0.0 { l / repeat } else { l * repeat };
+    l - count as f32 * frequency - presence
+}
+
+/// The log-sum-exp of the candidates' logits and the `n` best as (id, logprob), best
+/// first, ties by id.
+fn log_softmax_top(cand: &[(u32, f32)], n: usize) -> (f64, Vec<(u32, f32)>) {
+    let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+    let sum: f64 = cand
+        .iter()
+        .map(|c| (f64::from(c.1) - f64::from(max)).exp())
+        .sum();
+    let lse = f64::from(max) + sum.ln();
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for &c in cand {
+        if top.len() == n && (n == 0 || by_logit_desc(&c, &top[n - 1]).is_ge()) {
+            continue;
+        }
+        let at = top.partition_point(|t| by_logit_desc(t, &c).is_lt());
+        top.insert(at, c);
+        top.truncate(n);
+    }
+    let top = top
+        .into_iter()
+        .map(|(t, l)| (t, (f64::from(l) - lse) as f32))
+        .collect();
+    (lse, top)
+}
+
 fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
@@ -244,6 +357,7 @@ mod tests {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 7,
+            ..SamplerOptions::default()
         }
     }
 
@@ -365,5 +479,90 @@ mod tests {
         s.accept(5);
         s.accept(6);
         assert_eq!(s.sample(&[3.0, 2.0, -1.0]).unwrap(), 0);
+    }
+
+    #[test]
+    fn penalties_match_a_hand_computation() {
+        // llama.cpp: l > 0 divided, l <= 0 multiplied, then - count * freq - presence
+        assert_eq!(penalise(3.0, 2, 1.5, 0.25, 0.5), 3.0 / 1.5 - 0.5 - 0.5);
+        assert_eq!(penalise(-1.0, 1, 2.0, 0.0, 0.0), -2.0);
+        assert_eq!(penalise(0.0, 3, 2.0, 1.0, 0.0), -3.0);
+        // token 0 seen 3 times, token 1 once, token 2 never (window of 4)
+        let mut s = Sampler::new(SamplerOptions {
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 4,
+            logprobs: Some(3),
+            ..SamplerOptions::greedy()
+        });
+        assert!(!s.is_greedy());
+        for t in [7, 0, 0, 1, 0] {
+            s.accept(t); // the 7 falls out of the window
+        }
+        // 4.0 - 1.5 - 0.25 = 2.25; 2.6 - 0.5 - 0.25 = 1.85; 2.0
+        assert_eq!(s.sample(&[4.0, 2.6, 2.0]).unwrap(), 0);
+        let lp = s.take_logprob().unwrap();
+        let shaped = [2.25f64, 1.85, 2.0];
+        let lse = shaped.iter().map(|l| l.exp()).sum::<f64>().ln();
+        let want: Vec<(u32, f32)> = [0usize, 2, 1]
+            .iter()
+            .map(|&i| (i as u32, (shaped[i] - lse) as f32))
+            .collect();
+        assert_eq!(lp.token, 0);
+        assert!((lp.logprob - want[0].1).abs() < 1e-6, "{lp:?}");
+        for (got, want) in lp.top.iter().zip(&want) {
+            assert_eq!(got.0, want.0, "{lp:?}");
+            assert!((got.1 - want.1).abs() < 1e-6, "{lp:?}");
+        }
+        // a token never seen is untouched: the window without token 0 picks it
+        let mut s = Sampler::new(SamplerOptions {
+            frequency_penalty: 10.0,
+            repeat_last_n: 4,
+            ..SamplerOptions::greedy()
+        });
+        s.accept(0);
+        assert_eq!(s.sample(&[4.0, 2.6, 2.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces() {
+        let mut s = Sampler::new(SamplerOptions {
+            logit_bias: vec![(0, f32::NEG_INFINITY)],
+            ..SamplerOptions::greedy()
+        });
+        assert!(!s.is_greedy());
+        assert_eq!(s.sample(&[4.0, 2.6, 2.0]).unwrap(), 1);
+        let mut s = Sampler::new(SamplerOptions {
+            logit_bias: vec![(2, 100.0)],
+            ..SamplerOptions::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&[4.0, 2.6, 2.0]).unwrap(), 2);
+        }
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_before_temperature() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lse = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+        let mut s = Sampler::new(SamplerOptions {
+            temperature: 0.3,
+            logprobs: Some(2),
+            ..SamplerOptions::default()
+        });
+        for _ in 0..20 {
+            let t = s.sample(&logits).unwrap();
+            let lp = s.take_logprob().unwrap();
+            assert_eq!(lp.token, t);
+            let want = (f64::from(logits[t as usize]) - lse) as f32;
+            assert!((lp.logprob - want).abs() < 1e-6);
+            // ties by id: token 1 before token 3
+            assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3]);
+            let sum: f32 = lp.top.iter().map(|t| t.1.exp()).sum();
+            assert!(sum <= 1.0);
+        }
+        let mut s = Sampler::new(SamplerOptions::greedy());
+        s.sample(&logits).unwrap();
+        assert_eq!(s.take_logprob(), None);
     }
 }

@@ -62,6 +62,7 @@ use tracing::info_span;
 
 use crate::generate::fit;
 use crate::generate::{chat_prompt_ids, Event, GenerateError, StopReason};
+use crate::sampling::TokenLogprob;
 use crate::session::{Session, SessionOptions};
 use job::Job;
 pub use types::{
@@ -389,9 +390,12 @@ impl Slots {
                 let job = slot.job.as_mut().expect("busy");
                 let outcome =
                     match job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report) {
-                        Ok(Some(next)) => Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
-                            forward_event(i, e, on_event)
-                        })),
+                        Ok(Some(next)) => {
+                            let lp = job.take_logprob();
+                            Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
+                                forward_event(i, e, lp.as_ref(), on_event)
+                            }))
+                        }
                         Ok(None) => Ok(ControlFlow::Continue(())),
                         Err(e) => Err(e),
                     };
@@ -409,8 +413,9 @@ impl Slots {
                 let outcome = job
                     .decode_one(&mut self.session, &mut slot.cached, &mut report)
                     .map(|next| {
+                        let lp = job.take_logprob();
                         job.keep(&self.session, &self.tok, next, &mut |e| {
-                            forward_event(i, e, on_event)
+                            forward_event(i, e, lp.as_ref(), on_event)
                         })
                     });
                 self.settle(i, outcome, &mut report, on_event)?;
@@ -441,8 +446,9 @@ impl Slots {
             });
             self.session.select_slot(i)?;
             let outcome = chosen.map(|next| {
+                let lp = job.take_logprob();
                 job.keep(&self.session, &self.tok, next, &mut |e| {
-                    forward_event(i, e, on_event)
+                    forward_event(i, e, lp.as_ref(), on_event)
                 })
             });
             self.settle(i, outcome, &mut report, on_event)?;
@@ -474,7 +480,7 @@ impl Slots {
             }
         };
         let job = self.slots[i].job.take().expect("busy");
-        let completion = job.finish(stop, error, &mut |e| forward_event(i, e, on_event));
+        let completion = job.finish(stop, error, &mut |e| forward_event(i, e, None, on_event));
         self.counters.prefilled_tokens += completion.usage.prefilled_tokens as u64;
         self.counters.generated_tokens += completion.usage.generated_tokens as u64;
         report.finished += 1;
@@ -486,14 +492,16 @@ impl Slots {
     }
 }
 
-/// A generator event of slot `slot`, passed on as a [`SlotEvent`].
+/// A generator event of slot `slot`, passed on as a [`SlotEvent`] (a token with
+/// `logprob`, the chosen token's when asked for).
 fn forward_event(
     slot: usize,
     e: Event<'_>,
+    logprob: Option<&TokenLogprob>,
     on_event: &mut dyn FnMut(SlotEvent<'_>),
 ) -> ControlFlow<()> {
     match e {
-        Event::Token(id) => on_event(SlotEvent::Token { slot, id }),
+        Event::Token(id) => on_event(SlotEvent::Token { slot, id, logprob }),
         Event::Text(text) => on_event(SlotEvent::Text { slot, text }),
         Event::Check { .. } => {}
     }

@@ -1,6 +1,11 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: check the request, queue a
-//! job, and answer with one JSON object or a stream of server-sent events ending in
-//! `data: [DONE]`.
+//! job per choice (`n`), and answer with one JSON object or a stream of server-sent
+//! events ending in `data: [DONE]`.
+//!
+//! `n > 1` runs its choices as separate jobs: each takes its own slot (or waits in the
+//! queue for one), prefills the prompt itself (a slot that held it already reuses it),
+//! and batches with the others in the engine's decode steps. Choice `i` samples with
+//! seed `seed + i`.
 //!
 //! A client that ends its side of the connection after its request has either
 //! half-closed (and reads on) or gone away; only a write tells which. So from then on
@@ -16,17 +21,19 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use engine::TokenLogprob;
 use futures_util::stream;
 use serde_json::{json, Value};
-use tokenizer::Message;
+use tokenizer::{Message, Tokenizer};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::conn::PeerEof;
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
+use crate::logprobs::{self, CompletionLogprobs};
 use crate::metrics::Metrics;
-use crate::params::{cap_max_tokens, ChatRequest, Checked, CompletionRequest, Prompt};
+use crate::params::{cap_max_tokens, ChatRequest, Checked, CompletionRequest, Endpoint, Prompt};
 use crate::scheduler::SubmitError;
 
 /// Which endpoint: they differ only in the shape of their answers.
@@ -45,7 +52,9 @@ pub async fn chat(
     let run = async {
         let req: ChatRequest = st.read_json(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let checked = req.sampling.check(fresh_seed())?;
+        let checked = req
+            .sampling
+            .check(fresh_seed(), Endpoint::Chat, st.tok.vocab_size())?;
         if req.messages.is_empty() {
             return Err(ApiError::bad_param("messages", "messages is empty"));
         }
@@ -73,7 +82,9 @@ pub async fn chat(
         Ok::<_, ApiError>((ids, checked))
     };
     match run.await {
-        Ok((ids, checked)) => generate(&st, Kind::Chat, ids, checked, peer.map(|p| p.0)).await,
+        Ok((ids, checked)) => {
+            generate(&st, Kind::Chat, ids, checked, None, peer.map(|p| p.0)).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -87,7 +98,15 @@ pub async fn completions(
     let run = async {
         let req: CompletionRequest = st.read_json(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let checked = req.sampling.check(fresh_seed())?;
+        let checked =
+            req.sampling
+                .check(fresh_seed(), Endpoint::Completions, st.tok.vocab_size())?;
+        if checked.echo && checked.sampler.logprobs.is_some() {
+            return Err(ApiError::bad_param(
+                "echo",
+                "echo with logprobs is not supported (the prompt's log-probabilities are not computed): ask for one or the other",
+            ));
+        }
         let ids = match &req.prompt {
             Prompt::Text(t) => encode(&st, t)?,
             Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0])?,
@@ -105,11 +124,16 @@ pub async fn completions(
         if ids.is_empty() {
             return Err(ApiError::bad_param("prompt", "the prompt is empty"));
         }
-        Ok::<_, ApiError>((ids, checked))
+        let echo = checked.echo.then(|| match &req.prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Texts(v) => v[0].clone(),
+            Prompt::Ids(ids) => st.tok.decode(ids),
+        });
+        Ok::<_, ApiError>((ids, checked, echo))
     };
     match run.await {
-        Ok((ids, checked)) => {
-            generate(&st, Kind::Completion, ids, checked, peer.map(|p| p.0)).await
+        Ok((ids, checked, echo)) => {
+            generate(&st, Kind::Completion, ids, checked, echo, peer.map(|p| p.0)).await
         }
         Err(e) => e.into_response(),
     }
@@ -131,12 +155,15 @@ fn fresh_seed() -> u64 {
         .unwrap_or(0)
 }
 
-/// Queues the job and answers.
+/// Queues one job per choice and answers. Each job's events are forwarded, tagged with
+/// the choice's index, into one channel; a forwarder ends (dropping its job's channel,
+/// which cancels the job) when the answer stops listening.
 async fn generate(
     st: &Arc<AppState>,
     kind: Kind,
     prompt: Vec<u32>,
     c: Checked,
+    echo: Option<String>,
     peer: Option<PeerEof>,
 ) -> Response {
     let field = match kind {
@@ -148,27 +175,50 @@ async fn generate(
         Err(e) => return e.into_response(),
     };
     let (tx, rx) = unbounded_channel();
-    let job = Job {
-        prompt,
-        max_tokens,
-        stop: c.stop.clone(),
-        ignore_eos: c.ignore_eos,
-        sampler: c.sampler.clone(),
-        events: tx,
-        queued_at: std::time::Instant::now(),
-    };
-    match st.scheduler.submit(job) {
-        Ok(()) => Metrics::add(&st.metrics.requests, 1),
-        Err(SubmitError::Busy) => {
-            Metrics::add(&st.metrics.requests_rejected_busy, 1);
-            return ApiError::busy(st.opts.queue).into_response();
+    for i in 0..c.n {
+        let (job_tx, mut job_rx) = unbounded_channel();
+        let mut sampler = c.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(i as u64);
+        let job = Job {
+            prompt: prompt.clone(),
+            max_tokens,
+            stop: c.stop.clone(),
+            ignore_eos: c.ignore_eos,
+            sampler,
+            events: job_tx,
+            queued_at: std::time::Instant::now(),
+        };
+        match st.scheduler.submit(job) {
+            Ok(()) => Metrics::add(&st.metrics.requests, 1),
+            Err(SubmitError::Busy) => {
+                Metrics::add(&st.metrics.requests_rejected_busy, 1);
+                return ApiError::busy(st.opts.queue).into_response();
+            }
+            Err(SubmitError::Stopped) => {
+                return ApiError::unavailable(
+                    "the engine has stopped (the server is shutting down, or failed: see its log)",
+                )
+                .into_response()
+            }
         }
-        Err(SubmitError::Stopped) => {
-            return ApiError::unavailable(
-                "the engine has stopped (the server is shutting down, or failed: see its log)",
-            )
-            .into_response()
-        }
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = job_rx.recv() => {
+                        let Some(e) = event else { break };
+                        if tx.send((i, e)).is_err() {
+                            break;
+                        }
+                    }
+                    _ = tx.closed() => break,
+                }
+            }
+        });
+    }
+    drop(tx);
+    if c.sampler.logprobs.is_some() {
+        Metrics::add(&st.metrics.logprob_requests, 1);
     }
     let head = Head {
         id: format!(
@@ -184,12 +234,28 @@ async fn generate(
         model: st.opts.model_id.clone(),
         kind,
     };
+    let answer = Answer {
+        head,
+        tok: st.tok.clone(),
+        logprobs: c.sampler.logprobs.is_some(),
+        choices: (0..c.n)
+            .map(|_| Choice {
+                offset: echo.as_ref().map_or(0, |e| e.chars().count()),
+                ..Choice::default()
+            })
+            .collect(),
+        echo,
+        finished: 0,
+    };
     if c.stream {
-        stream_answer(head, rx, c.include_usage, peer)
+        stream_answer(answer, rx, c.include_usage, peer)
     } else {
-        whole_answer(head, rx, peer).await
+        whole_answer(answer, rx, peer).await
     }
 }
+
+/// The events of a request's choices, tagged with the choice's index.
+type Events = UnboundedReceiver<(usize, JobEvent)>;
 
 /// The fields every answer object of a request repeats.
 #[derive(Clone)]
@@ -232,26 +298,33 @@ impl Head {
         v
     }
 
-    /// A choice carrying `text` (a message, a delta, or a completion's text).
-    fn choice(&self, chunk: bool, text: Option<&str>, finish: Option<Finish>) -> Value {
+    /// Choice `index` carrying `text` (a message, a delta, or a completion's text).
+    fn choice(
+        &self,
+        chunk: bool,
+        index: usize,
+        text: Option<&str>,
+        logprobs: Value,
+        finish: Option<Finish>,
+    ) -> Value {
         let finish = finish.map(Finish::as_str);
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text.unwrap_or("")},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             (Kind::Chat, true) => json!({
-                "index": 0,
+                "index": index,
                 "delta": match text { Some(t) => json!({"content": t}), None => json!({}) },
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             (Kind::Completion, _) => json!({
-                "index": 0,
+                "index": index,
                 "text": text.unwrap_or(""),
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
         }
@@ -265,6 +338,110 @@ fn usage_json(u: &Usage) -> Value {
         "total_tokens": u.prompt_tokens + u.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": u.reused_tokens},
     })
+}
+
+/// One choice's answer so far.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    /// Log-probabilities not yet sent (a stream), or all of them (a whole answer).
+    lps: Vec<TokenLogprob>,
+    /// Completions: the character offset of the next token in the answer's text.
+    offset: usize,
+    done: Option<(Finish, Usage, f64)>,
+}
+
+/// A request's answer, built from its choices' events.
+struct Answer {
+    head: Head,
+    tok: Arc<Tokenizer>,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    choices: Vec<Choice>,
+    /// Completions with `echo`: the prompt's text, which starts each choice's text.
+    echo: Option<String>,
+    /// Choices done.
+    finished: usize,
+}
+
+impl Answer {
+    /// Records an event of choice `i`; an engine error ends the whole answer.
+    fn take(&mut self, i: usize, event: JobEvent) -> Result<(), ApiError> {
+        let c = &mut self.choices[i];
+        match event {
+            JobEvent::Text(t) => c.text.push_str(&t),
+            JobEvent::Logprob(lp) => c.lps.push(lp),
+            JobEvent::Done {
+                finish,
+                usage,
+                queued_ms,
+            } => {
+                c.done = Some((finish, usage, queued_ms));
+                self.finished += 1;
+            }
+            JobEvent::Error(msg) => return Err(error_for(msg)),
+        }
+        Ok(())
+    }
+
+    fn all_done(&self) -> bool {
+        self.finished == self.choices.len()
+    }
+
+    /// Choice `i`'s pending log-probabilities in the answer's shape (`null` when the
+    /// request asked for none); they are sent.
+    fn drain_logprobs(&mut self, i: usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let c = &mut self.choices[i];
+        let lps = std::mem::take(&mut c.lps);
+        match self.head.kind {
+            Kind::Chat => logprobs::chat(&self.tok, &lps),
+            Kind::Completion => {
+                let mut cols = CompletionLogprobs::default();
+                for lp in &lps {
+                    c.offset = cols.push(&self.tok, lp.token, Some(lp), c.offset);
+                }
+                cols.take()
+            }
+        }
+    }
+
+    /// The usage of all choices together: the prompt counted once, generated tokens
+    /// summed; times are the slowest choice's.
+    fn usage(&self) -> (Usage, f64) {
+        let mut all = self.choices.iter().filter_map(|c| c.done.as_ref());
+        let Some(&(_, mut u, mut queued)) = all.next() else {
+            return (Usage::default(), 0.0);
+        };
+        for &(_, v, q) in all {
+            u.generated_tokens += v.generated_tokens;
+            u.prefilled_tokens += v.prefilled_tokens;
+            u.decode_ms = u.decode_ms.max(v.decode_ms);
+            u.ttft_ms = u.ttft_ms.max(v.ttft_ms);
+            queued = queued.max(q);
+        }
+        (u, queued)
+    }
+
+    /// The whole answer's object.
+    fn whole(&mut self) -> Value {
+        let mut choices = Vec::with_capacity(self.choices.len());
+        for i in 0..self.choices.len() {
+            let logprobs = self.drain_logprobs(i);
+            let c = &self.choices[i];
+            let text = match &self.echo {
+                Some(e) => format!("{e}{}", c.text),
+                None => c.text.clone(),
+            };
+            let finish = c.done.as_ref().map(|d| d.0);
+            choices.push(self.head.choice(false, i, Some(&text), logprobs, finish));
+        }
+        let (u, queued) = self.usage();
+        self.head
+            .wrap(false, Value::Array(choices), Some((&u, queued)))
+    }
 }
 
 /// How often an answer writes to a client that has ended its side, to find out whether
@@ -284,49 +461,37 @@ async fn probe_due(peer: Option<&PeerEof>) {
 
 /// Waits for the end and answers with one object (or, once the client has ended its
 /// side, with [`probed_answer`]).
-async fn whole_answer(
-    head: Head,
-    mut rx: UnboundedReceiver<JobEvent>,
-    peer: Option<PeerEof>,
-) -> Response {
-    let mut text = String::new();
+async fn whole_answer(mut answer: Answer, mut rx: Events, peer: Option<PeerEof>) -> Response {
     let probe = probe_due(peer.as_ref());
     tokio::pin!(probe);
     loop {
         let event = tokio::select! {
             event = rx.recv() => event,
-            _ = &mut probe => return probed_answer(head, rx, text),
+            _ = &mut probe => return probed_answer(answer, rx),
         };
-        match event {
-            Some(JobEvent::Text(t)) => text.push_str(&t),
-            Some(JobEvent::Done {
-                finish,
-                usage,
-                queued_ms,
-            }) => {
-                let choice = head.choice(false, Some(&text), Some(finish));
-                let body = head.wrap(false, json!([choice]), Some((&usage, queued_ms)));
-                return (StatusCode::OK, axum::Json(body)).into_response();
-            }
-            Some(JobEvent::Error(msg)) => return error_for(msg).into_response(),
-            None => return dropped().into_response(),
+        let Some((i, event)) = event else {
+            return dropped().into_response();
+        };
+        if let Err(e) = answer.take(i, event) {
+            return e.into_response();
+        }
+        if answer.all_done() {
+            return (StatusCode::OK, axum::Json(answer.whole())).into_response();
         }
     }
 }
 
 /// A whole answer whose head goes out before its end: a space now and every probe
 /// period, then the object (or the error object, under the 200 already sent).
-fn probed_answer(head: Head, rx: UnboundedReceiver<JobEvent>, text: String) -> Response {
+fn probed_answer(answer: Answer, rx: Events) -> Response {
     struct Late {
-        head: Head,
-        rx: UnboundedReceiver<JobEvent>,
-        text: String,
+        answer: Answer,
+        rx: Events,
         started: bool,
     }
     let late = Late {
-        head,
+        answer,
         rx,
-        text,
         started: false,
     };
     let body = stream::unfold(Some(late), |late| async move {
@@ -343,20 +508,11 @@ fn probed_answer(head: Head, rx: UnboundedReceiver<JobEvent>, text: String) -> R
                 _ = &mut tick => return Some((Ok(" ".to_string()), Some(s))),
             };
             let last = match event {
-                Some(JobEvent::Text(t)) => {
-                    s.text.push_str(&t);
-                    continue;
-                }
-                Some(JobEvent::Done {
-                    finish,
-                    usage,
-                    queued_ms,
-                }) => {
-                    let choice = s.head.choice(false, Some(&s.text), Some(finish));
-                    s.head
-                        .wrap(false, json!([choice]), Some((&usage, queued_ms)))
-                }
-                Some(JobEvent::Error(msg)) => error_for(msg).body(),
+                Some((i, event)) => match s.answer.take(i, event) {
+                    Err(e) => e.body(),
+                    Ok(()) if s.answer.all_done() => s.answer.whole(),
+                    Ok(()) => continue,
+                },
                 None => dropped().body(),
             };
             return Some((Ok(last.to_string()), None));
@@ -390,28 +546,31 @@ fn sse(v: &Value) -> String {
 
 /// Where a stream is.
 struct Streaming {
-    head: Head,
-    rx: UnboundedReceiver<JobEvent>,
+    answer: Answer,
+    rx: Events,
     peer: Option<PeerEof>,
     include_usage: bool,
-    /// The chat stream's first chunk (the assistant role) is still to send.
-    role_sent: bool,
+    /// The first chunks (chat: each choice's assistant role; completions with `echo`: the
+    /// prompt) are still to send.
+    opened: bool,
     ended: bool,
 }
 
-/// Answers with server-sent events: one chunk per piece of text, a last chunk with the
-/// `finish_reason` (and, with `stream_options.include_usage`, one with the usage), then
-/// `data: [DONE]`. An engine failure mid-stream is an `error` event, and the stream ends.
-/// A client that goes away drops the receiver; the engine frees its slot at the next step.
+/// Answers with server-sent events: one chunk per piece of text of a choice (with the
+/// log-probabilities of its tokens when asked for), a chunk with each choice's
+/// `finish_reason` (and, with `stream_options.include_usage`, one with the usage of all),
+/// then `data: [DONE]`. An engine failure mid-stream is an `error` event, and the stream
+/// ends. A client that goes away drops the receiver; the engine frees its slots at the
+/// next step.
 fn stream_answer(
-    head: Head,
-    rx: UnboundedReceiver<JobEvent>,
+    answer: Answer,
+    rx: Events,
     include_usage: bool,
     peer: Option<PeerEof>,
 ) -> Response {
     let state = Streaming {
-        role_sent: head.kind != Kind::Chat,
-        head,
+        opened: answer.head.kind != Kind::Chat && answer.echo.is_none(),
+        answer,
         rx,
         peer,
         include_usage,
@@ -421,15 +580,21 @@ fn stream_answer(
         if s.ended {
             return None;
         }
-        if !s.role_sent {
-            s.role_sent = true;
-            let choice = json!({
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": null,
-                "finish_reason": null,
-            });
-            let out = sse(&s.head.wrap(true, json!([choice]), None));
+        let a = &mut s.answer;
+        if !s.opened {
+            s.opened = true;
+            let choices: Vec<Value> = (0..a.choices.len())
+                .map(|i| match &a.echo {
+                    Some(e) => a.head.choice(true, i, Some(e), Value::Null, None),
+                    None => json!({
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                })
+                .collect();
+            let out = sse(&a.head.wrap(true, Value::Array(choices), None));
             return Some((Ok::<_, std::convert::Infallible>(out), s));
         }
         let out = loop {
@@ -438,35 +603,46 @@ fn stream_answer(
                 // a comment line, which SSE clients skip
                 _ = probe_due(s.peer.as_ref()) => break ": probe\n\n".to_string(),
             };
+            let a = &mut s.answer;
             match event {
-                Some(JobEvent::Text(t)) if t.is_empty() => continue,
-                Some(JobEvent::Text(t)) => {
-                    let choice = s.head.choice(true, Some(&t), None);
-                    break sse(&s.head.wrap(true, json!([choice]), None));
+                Some((_, JobEvent::Text(t))) if t.is_empty() => continue,
+                Some((i, JobEvent::Text(t))) => {
+                    let logprobs = a.drain_logprobs(i);
+                    let choice = a.head.choice(true, i, Some(&t), logprobs, None);
+                    break sse(&a.head.wrap(true, json!([choice]), None));
                 }
-                Some(JobEvent::Done {
-                    finish,
-                    usage,
-                    queued_ms,
-                }) => {
-                    s.ended = true;
-                    let text = match s.head.kind {
+                Some((i, JobEvent::Logprob(lp))) => {
+                    a.choices[i].lps.push(lp);
+                    continue;
+                }
+                Some((i, done @ JobEvent::Done { .. })) => {
+                    let JobEvent::Done { finish, .. } = done else {
+                        unreachable!("matched above")
+                    };
+                    let _ = a.take(i, done);
+                    let text = match a.head.kind {
                         Kind::Chat => None,
                         Kind::Completion => Some(""),
                     };
-                    let choice = s.head.choice(true, text, Some(finish));
-                    let mut out = sse(&s.head.wrap(true, json!([choice]), None));
+                    let logprobs = if a.choices[i].lps.is_empty() {
+                        Value::Null
+                    } else {
+                        a.drain_logprobs(i)
+                    };
+                    let choice = a.head.choice(true, i, text, logprobs, Some(finish));
+                    let mut out = sse(&a.head.wrap(true, json!([choice]), None));
+                    if !a.all_done() {
+                        break out;
+                    }
+                    s.ended = true;
                     if s.include_usage {
-                        out.push_str(&sse(&s.head.wrap(
-                            true,
-                            json!([]),
-                            Some((&usage, queued_ms)),
-                        )));
+                        let (u, queued) = a.usage();
+                        out.push_str(&sse(&a.head.wrap(true, json!([]), Some((&u, queued)))));
                     }
                     out.push_str("data: [DONE]\n\n");
                     break out;
                 }
-                Some(JobEvent::Error(msg)) => {
+                Some((_, JobEvent::Error(msg))) => {
                     s.ended = true;
                     break sse(&error_for(msg).body());
                 }

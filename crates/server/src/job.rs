@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use engine::SamplerOptions;
+use engine::{SamplerOptions, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 pub use crate::backend::Usage;
@@ -30,6 +30,9 @@ impl Finish {
 pub enum JobEvent {
     /// Generated text ready to show (possibly empty: a token whose text is held back).
     Text(String),
+    /// A token was kept, with its log-probability (requests that ask for them only; sent
+    /// before the token's text).
+    Logprob(TokenLogprob),
     /// The generation ended.
     Done {
         finish: Finish,

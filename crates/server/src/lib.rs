@@ -4,9 +4,10 @@
 //! - [`http`]: the router, limits, the API key, graceful shutdown; [`conn`] the
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
-//!   [`handlers`] the two generation endpoints (JSON or server-sent events),
-//!   `status` (`/health`, `/v1/models`, `/metrics`) and `tokens` (`/tokenize`,
-//!   `/detokenize`) the small routes; [`params`] the request bodies and their checks;
+//!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
+//!   their log-probabilities in OpenAI's shapes, `status` (`/health`, `/v1/models`,
+//!   `/metrics`) and `tokens` (`/tokenize`, `/detokenize`) the small routes; [`params`]
+//!   the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
 //! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
 //!   steps, disconnects), written against the [`backend::SlotEngine`] trait, which
@@ -22,6 +23,7 @@ pub mod guard;
 pub mod handlers;
 pub mod http;
 pub mod job;
+mod logprobs;
 pub mod metrics;
 pub mod params;
 pub mod scheduler;

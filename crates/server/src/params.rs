@@ -2,10 +2,16 @@
 //! every sampling value in range, `max_tokens` positive and capped by the context.
 //!
 //! Defaults are the CLI's (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95,
-//! min_p 0.05. OpenAI parameters the server does not implement (logprobs, tools,
-//! penalties, ...) are accepted at their default values only: any other value is a 400
-//! naming the parameter, never an answer that silently ignored it. A `max_tokens` above what the context leaves after the prompt is capped
-//! to it (as llama-server does), and the answer ends with `finish_reason: "length"`.
+//! min_p 0.05. OpenAI parameters the server does not implement (tools, response_format,
+//! ...) are accepted at their default values only: any other value is a 400 naming the
+//! parameter, never an answer that silently ignored it. A `max_tokens` above what the
+//! context leaves after the prompt is capped to it (as llama-server does), and the answer
+//! ends with `finish_reason: "length"`.
+//!
+//! Penalties follow llama.cpp's sampler (see `engine::sampling`): `frequency_penalty`
+//! and `presence_penalty` count the last `repeat_last_n` tokens (64 by default), prompt
+//! included, like `repeat_penalty`. A `logit_bias` of -100 bans the token (its logit
+//! becomes -inf), any other value is added to the logit.
 
 use engine::SamplerOptions;
 use serde::Deserialize;
@@ -37,9 +43,21 @@ pub struct Sampling {
     /// llama-server's: keep going past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
     pub repeat_penalty: Option<f64>,
+    /// llama.cpp's: how many recent tokens the penalties look at (-1: the whole context).
+    pub repeat_last_n: Option<i64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    /// Token id (as a string) to a bias from -100 to 100.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Chat: `true` or `false`; completions: how many alternatives per token (0 to 5).
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0 to 20), with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
+    /// Completions: the answer's text starts with the prompt.
+    pub echo: Option<bool>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Only 1 is supported.
+    /// Choices to generate (1 to [`MAX_N`]).
     pub n: Option<i64>,
     /// Not implemented: see [`UNSUPPORTED`].
     #[serde(flatten)]
@@ -50,17 +68,11 @@ pub struct Sampling {
 /// than the default is refused by name.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unsupported {
-    pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
-    pub echo: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     pub response_format: Option<Value>,
-    pub presence_penalty: Option<Value>,
-    pub frequency_penalty: Option<Value>,
-    pub logit_bias: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
 }
@@ -68,17 +80,11 @@ pub struct Unsupported {
 /// Each unimplemented parameter and the values that mean "not used" (`null` always
 /// does).
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("logprobs", "false or 0"),
-    ("top_logprobs", "0"),
-    ("echo", "false"),
     ("tools", "[]"),
     ("tool_choice", "\"none\" or \"auto\""),
     ("functions", "[]"),
     ("function_call", "\"none\" or \"auto\""),
     ("response_format", "{\"type\": \"text\"}"),
-    ("presence_penalty", "0"),
-    ("frequency_penalty", "0"),
-    ("logit_bias", "{}"),
     ("best_of", "1"),
     ("suffix", "\"\""),
 ];
@@ -86,17 +92,11 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
 impl Unsupported {
     fn get(&self, name: &str) -> Option<&Value> {
         match name {
-            "logprobs" => self.logprobs.as_ref(),
-            "top_logprobs" => self.top_logprobs.as_ref(),
-            "echo" => self.echo.as_ref(),
             "tools" => self.tools.as_ref(),
             "tool_choice" => self.tool_choice.as_ref(),
             "functions" => self.functions.as_ref(),
             "function_call" => self.function_call.as_ref(),
             "response_format" => self.response_format.as_ref(),
-            "presence_penalty" => self.presence_penalty.as_ref(),
-            "frequency_penalty" => self.frequency_penalty.as_ref(),
-            "logit_bias" => self.logit_bias.as_ref(),
             "best_of" => self.best_of.as_ref(),
             "suffix" => self.suffix.as_ref(),
             _ => None,
@@ -199,14 +199,35 @@ pub struct Checked {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate; choice `i` samples with seed `seed + i` (so choice 0 is the
+    /// `n = 1` answer).
+    pub n: usize,
+    /// Completions: the text starts with the prompt.
+    pub echo: bool,
 }
 
 /// Most stop strings a request may give.
 pub const MAX_STOP: usize = 16;
 
+/// Most choices a request may ask for (each takes a slot or a place in the queue).
+pub const MAX_N: i64 = 16;
+
+/// Which endpoint a request came to: their `logprobs` differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
 impl Sampling {
-    /// Checks every field; `seed_default` is used when the request has no seed.
-    pub fn check(&self, seed_default: u64) -> Result<Checked, ApiError> {
+    /// Checks every field; `seed_default` is used when the request has no seed, `vocab`
+    /// bounds `logit_bias`'s token ids.
+    pub fn check(
+        &self,
+        seed_default: u64,
+        endpoint: Endpoint,
+        vocab: usize,
+    ) -> Result<Checked, ApiError> {
         self.unsupported.check()?;
         let defaults = SamplerOptions::default();
         let max = match (self.max_completion_tokens, self.max_tokens) {
@@ -271,6 +292,41 @@ impl Sampling {
             |v| v > 0.0,
             "above 0 (1 disables)",
         )?;
+        let frequency_penalty = float(
+            "frequency_penalty",
+            self.frequency_penalty,
+            0.0,
+            |v| (-2.0..=2.0).contains(&v),
+            "-2 to 2 (0 disables)",
+        )?;
+        let presence_penalty = float(
+            "presence_penalty",
+            self.presence_penalty,
+            0.0,
+            |v| (-2.0..=2.0).contains(&v),
+            "-2 to 2 (0 disables)",
+        )?;
+        let repeat_last_n =
+            match self.repeat_last_n {
+                None => defaults.repeat_last_n,
+                Some(-1) => usize::MAX,
+                Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+                Some(n) => return Err(ApiError::bad_param(
+                    "repeat_last_n",
+                    format!(
+                        "repeat_last_n must be -1 (the context), 0 (disabled) or more (got {n})"
+                    ),
+                )),
+            };
+        let logit_bias = self.logit_bias_checked(vocab)?;
+        let logprobs = self.logprobs_checked(endpoint)?;
+        let echo = self.echo.unwrap_or(false);
+        if echo && endpoint == Endpoint::Chat {
+            return Err(ApiError::bad_param(
+                "echo",
+                "echo is a completions parameter (chat answers never repeat the messages)",
+            ));
+        }
         let top_k = match self.top_k {
             None => defaults.top_k,
             Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
@@ -292,12 +348,16 @@ impl Sampling {
                 ))
             }
         };
-        if let Some(n) = self.n.filter(|&n| n != 1) {
-            return Err(ApiError::bad_param(
-                "n",
-                format!("only n = 1 is supported (got {n})"),
-            ));
-        }
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_N).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::bad_param(
+                    "n",
+                    format!("n must be 1 to {MAX_N} (got {n})"),
+                ))
+            }
+        };
         Ok(Checked {
             max_tokens,
             sampler: SamplerOptions {
@@ -306,8 +366,12 @@ impl Sampling {
                 top_p,
                 min_p,
                 repeat_penalty,
+                repeat_last_n,
+                frequency_penalty,
+                presence_penalty,
+                logit_bias,
+                logprobs,
                 seed: self.seed.map_or(seed_default, |s| s as u64),
-                ..defaults
             },
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -317,7 +381,97 @@ impl Sampling {
                 .as_ref()
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+            n,
+            echo,
         })
+    }
+
+    /// `logit_bias` as (token, bias) pairs: ids inside the vocabulary, biases -100 to
+    /// 100, -100 a ban (as OpenAI documents: "should result in a ban").
+    fn logit_bias_checked(&self, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        let bad = |m: String| ApiError::bad_param("logit_bias", m);
+        let mut out = Vec::with_capacity(map.len());
+        for (k, &v) in map {
+            let id: u32 = k
+                .parse()
+                .map_err(|_| bad(format!("logit_bias key {k:?} is not a token id")))?;
+            if id as usize >= vocab {
+                return Err(bad(format!(
+                    "logit_bias token id {id} is outside the vocabulary of {vocab}"
+                )));
+            }
+            if !(-100.0..=100.0).contains(&v) {
+                return Err(bad(format!(
+                    "logit_bias {v} for token {id} is out of range: -100 to 100"
+                )));
+            }
+            out.push((
+                id,
+                if v <= -100.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    v as f32
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// How many alternatives to report per token, if logprobs are asked for: chat's
+    /// `logprobs: true` with `top_logprobs` 0 to 20, completions' `logprobs` 0 to 5.
+    fn logprobs_checked(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+        let lp = self.logprobs.as_ref().unwrap_or(&Value::Null);
+        match endpoint {
+            Endpoint::Chat => {
+                let on = match lp {
+                    Value::Null => false,
+                    Value::Bool(b) => *b,
+                    v => {
+                        return Err(ApiError::bad_param(
+                            "logprobs",
+                            format!("chat logprobs is true or false (got {v}): top_logprobs says how many alternatives"),
+                        ))
+                    }
+                };
+                match self.top_logprobs {
+                    None => Ok(on.then_some(0)),
+                    Some(t) if !(0..=20).contains(&t) => Err(ApiError::bad_param(
+                        "top_logprobs",
+                        format!("top_logprobs {t} is out of range: 0 to 20"),
+                    )),
+                    Some(t) if t > 0 && !on => Err(ApiError::bad_param(
+                        "top_logprobs",
+                        "top_logprobs needs logprobs: true",
+                    )),
+                    Some(t) => Ok(on.then_some(t as usize)),
+                }
+            }
+            Endpoint::Completions => {
+                if self.top_logprobs.is_some_and(|t| t != 0) {
+                    return Err(ApiError::bad_param(
+                        "top_logprobs",
+                        "top_logprobs is a chat parameter: completions take logprobs: 0 to 5",
+                    ));
+                }
+                match lp {
+                    Value::Null | Value::Bool(false) => Ok(None),
+                    Value::Number(n) => match n.as_i64() {
+                        Some(k) if (0..=5).contains(&k) => Ok(Some(k as usize)),
+                        _ => Err(ApiError::bad_param(
+                            "logprobs",
+                            format!("logprobs {n} is out of range: 0 to 5"),
+                        )),
+                    },
+                    v => Err(ApiError::bad_param(
+                        "logprobs",
+                        format!("completions logprobs is a number, 0 to 5 (got {v})"),
+                    )),
+                }
+            }
+        }
     }
 }
 
@@ -377,7 +531,15 @@ mod tests {
     use super::*;
 
     fn check(json: &str) -> Result<Checked, ApiError> {
-        serde_json::from_str::<Sampling>(json).unwrap().check(7)
+        serde_json::from_str::<Sampling>(json)
+            .unwrap()
+            .check(7, Endpoint::Chat, 1000)
+    }
+
+    fn check_completions(json: &str) -> Result<Checked, ApiError> {
+        serde_json::from_str::<Sampling>(json)
+            .unwrap()
+            .check(7, Endpoint::Completions, 1000)
     }
 
     #[test]
@@ -406,12 +568,55 @@ mod tests {
             (r#"{"min_p": -1}"#, "min_p"),
             (r#"{"top_k": -1}"#, "top_k"),
             (r#"{"repeat_penalty": 0}"#, "repeat_penalty"),
-            (r#"{"n": 2}"#, "n"),
+            (r#"{"n": 0}"#, "n"),
+            (r#"{"n": 17}"#, "n"),
+            (r#"{"presence_penalty": 2.5}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": -2.1}"#, "frequency_penalty"),
+            (r#"{"repeat_last_n": -2}"#, "repeat_last_n"),
+            (r#"{"logit_bias": {"5": 101}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"1000": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"x": 1}}"#, "logit_bias"),
+            (r#"{"logprobs": 3}"#, "logprobs"),
+            (r#"{"logprobs": true, "top_logprobs": 21}"#, "top_logprobs"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (r#"{"echo": true}"#, "echo"),
         ] {
             let e = check(json).unwrap_err();
             assert_eq!(e.status, 400, "{json}");
             assert_eq!(e.param, Some(param), "{json}");
         }
+        for (json, param) in [
+            (r#"{"logprobs": 6}"#, "logprobs"),
+            (r#"{"logprobs": -1}"#, "logprobs"),
+            (r#"{"logprobs": true}"#, "logprobs"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+        ] {
+            let e = check_completions(json).unwrap_err();
+            assert_eq!(e.param, Some(param), "{json}");
+        }
+    }
+
+    #[test]
+    fn sampling_controls_reach_the_sampler() {
+        let c = check(
+            r#"{"logprobs": true, "top_logprobs": 3, "n": 3, "frequency_penalty": 1.5,
+                "presence_penalty": -0.5, "repeat_last_n": 8,
+                "logit_bias": {"5": -100, "7": 2.5}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.n, 3);
+        let s = &c.sampler;
+        assert_eq!(s.logprobs, Some(3));
+        assert_eq!((s.frequency_penalty, s.presence_penalty), (1.5, -0.5));
+        assert_eq!(s.repeat_last_n, 8);
+        assert_eq!(s.logit_bias, vec![(5, f32::NEG_INFINITY), (7, 2.5)]);
+        assert_eq!(
+            check(r#"{"logprobs": false}"#).unwrap().sampler.logprobs,
+            None
+        );
+        let c = check_completions(r#"{"logprobs": 0, "echo": true}"#).unwrap();
+        assert_eq!((c.sampler.logprobs, c.echo), (Some(0), true));
+        assert_eq!(check_completions("{}").unwrap().sampler.logprobs, None);
     }
 
     #[test]
@@ -431,19 +636,12 @@ mod tests {
     #[test]
     fn unimplemented_parameters_are_refused_unless_at_their_default() {
         for (json, param) in [
-            (r#"{"logprobs": true}"#, "logprobs"),
-            (r#"{"logprobs": 3}"#, "logprobs"),
-            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
-            (r#"{"echo": true}"#, "echo"),
             (r#"{"tools": [{"type": "function"}]}"#, "tools"),
             (r#"{"tool_choice": "required"}"#, "tool_choice"),
             (
                 r#"{"response_format": {"type": "json_object"}}"#,
                 "response_format",
             ),
-            (r#"{"presence_penalty": 0.5}"#, "presence_penalty"),
-            (r#"{"frequency_penalty": -2}"#, "frequency_penalty"),
-            (r#"{"logit_bias": {"50256": -100}}"#, "logit_bias"),
             (r#"{"best_of": 3}"#, "best_of"),
             (r#"{"suffix": "end"}"#, "suffix"),
         ] {
@@ -454,7 +652,7 @@ mod tests {
         }
         for json in [
             r#"{"logprobs": false, "top_logprobs": null, "echo": false, "tools": []}"#,
-            r#"{"logprobs": 0, "top_logprobs": 0, "tool_choice": "none"}"#,
+            r#"{"logprobs": false, "top_logprobs": 0, "tool_choice": "none"}"#,
             r#"{"response_format": {"type": "text"}, "presence_penalty": 0, "frequency_penalty": 0.0}"#,
             r#"{"logit_bias": {}, "best_of": 1, "suffix": ""}"#,
         ] {

@@ -295,7 +295,12 @@ impl<E: SlotEngine> Loop<E> {
         let slots = &mut self.slots;
         let metrics = &self.metrics;
         let report = self.engine.step(&mut |e| match e {
-            SlotEvent::Token { .. } => Metrics::add(&metrics.generated_tokens, 1),
+            SlotEvent::Token { slot, logprob, .. } => {
+                Metrics::add(&metrics.generated_tokens, 1);
+                if let (Some(lp), Some(r)) = (logprob, &slots[slot]) {
+                    let _ = r.job.events.send(JobEvent::Logprob(lp.clone()));
+                }
+            }
             SlotEvent::Text { slot, text } => {
                 if let Some(r) = &slots[slot] {
                     let _ = r.job.events.send(JobEvent::Text(text.to_string()));

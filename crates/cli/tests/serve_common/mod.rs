@@ -443,3 +443,24 @@ pub fn cli_greedy(prompt: &str, n: usize, extra: &[&str]) -> String {
     let text = String::from_utf8(out.stdout).unwrap();
     text.strip_suffix('\n').unwrap_or(&text).to_string()
 }
+
+/// The test venv's python (`scripts/setup` makes `.venv-test` with the `openai`
+/// package); `None` (after a note) when it is missing and `VKDECODE_ALLOW_NO_VENV=1`.
+pub fn venv_python() -> Option<PathBuf> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-test/bin/python");
+    if py.exists() {
+        return Some(py);
+    }
+    if std::env::var("VKDECODE_ALLOW_NO_VENV").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "note: {} is missing; skipping (VKDECODE_ALLOW_NO_VENV=1)",
+            py.display()
+        );
+        return None;
+    }
+    panic!(
+        "{} is missing: run scripts/setup (it makes the test venv with the openai package), \
+         or set VKDECODE_ALLOW_NO_VENV=1 to skip this test",
+        py.display()
+    );
+}

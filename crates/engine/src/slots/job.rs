@@ -11,7 +11,7 @@ use tokenizer::Tokenizer;
 
 use super::{Completion, Request, StepReport, Usage};
 use crate::generate::{check_finite, ms, Event, GenerateError, Output, Push, StopReason};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, TokenLogprob};
 use crate::session::Session;
 
 pub(super) struct Job {
@@ -128,6 +128,11 @@ impl Job {
     pub fn sample(&mut self, logits: &[f32], pos: usize) -> Result<u32, GenerateError> {
         check_finite(logits, pos)?;
         Ok(self.sampler.sample(logits)?)
+    }
+
+    /// The log-probability of the token [`Job::sample`] chose last, when asked for.
+    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+        self.sampler.take_logprob()
     }
 
     /// The stop conditions for a chosen token, in the generator's order; a token that

@@ -3,7 +3,7 @@
 
 use crate::generate::fit::CtxRequest;
 use crate::generate::StopReason;
-use crate::sampling::SamplerOptions;
+use crate::sampling::{SamplerOptions, TokenLogprob};
 use crate::session::SessionOptions;
 
 /// How [`super::Slots::load`] builds the slots.
@@ -142,8 +142,13 @@ impl Completion {
 /// What a step tells its caller, per slot.
 #[derive(Clone, Copy, Debug)]
 pub enum SlotEvent<'a> {
-    /// A token was kept (its text follows in `Text` events, possibly later).
-    Token { slot: usize, id: u32 },
+    /// A token was kept (its text follows in `Text` events, possibly later), with its
+    /// log-probability when the request's sampler asked for them.
+    Token {
+        slot: usize,
+        id: u32,
+        logprob: Option<&'a TokenLogprob>,
+    },
     /// Text ready to show.
     Text { slot: usize, text: &'a str },
     /// The request finished; the slot is idle again (its cache kept).

@@ -1,0 +1,132 @@
+//! The log-probabilities a slot reports (`SamplerOptions::logprobs`) against the CPU
+//! reference on the tiny synthetic model: the reference's logits, shaped by the same
+//! logit bias and penalties by hand, then log-softmaxed in f64. Tolerance 1e-3: the
+//! logits agree within `2e-4 · (1 + max|logit|)` (model_tiny.rs) and a log-softmax moves
+//! by at most twice the largest logit error.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::ctx;
+use engine::{SamplerOptions, SlotEvent, Slots, SlotsOptions, TokenLogprob};
+use gguf::GgmlType;
+use reference::{forward, Model, State};
+
+const VOCAB: usize = 320;
+const TOL: f32 = 1e-3;
+
+#[test]
+fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
+    let Some(_ctx) = ctx() else { return };
+    let bytes = reference::synthetic::tiny_llama(11, 2, 64, 4, 2, 128, VOCAB, GgmlType::Q8_0);
+    let path = std::env::temp_dir().join(format!("vkdecode-logprobs-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::sync::Arc::new(gguf::GgufFile::open(&path).unwrap());
+    let mut slots = Slots::load(
+        &file,
+        &SlotsOptions {
+            slots: 1,
+            ctx: engine::generate::CtxRequest::Exact(64),
+            ..SlotsOptions::default()
+        },
+    )
+    .unwrap();
+    let prompt = vec![1u32, 70, 260, 3, 199, 42, 70, 70];
+    let bias = vec![(7u32, 1.5f32), (9, f32::NEG_INFINITY)];
+    let sampler = SamplerOptions {
+        temperature: 0.9,
+        seed: 3,
+        logprobs: Some(5),
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        repeat_penalty: 1.2,
+        logit_bias: bias.clone(),
+        ..SamplerOptions::default()
+    };
+    slots
+        .submit(
+            0,
+            engine::Request {
+                prompt: prompt.clone(),
+                max_tokens: Some(12),
+                sampler: sampler.clone(),
+                ignore_eos: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut got: Vec<TokenLogprob> = Vec::new();
+    while slots.busy() > 0 {
+        slots
+            .step(&mut |e| {
+                if let SlotEvent::Token { logprob, id, .. } = e {
+                    let lp = logprob.expect("a logprob request reports every token");
+                    assert_eq!(lp.token, id);
+                    got.push(lp.clone());
+                }
+            })
+            .unwrap();
+    }
+    assert_eq!(got.len(), 12);
+
+    let model = Model::from_bytes(&bytes).unwrap();
+    let mut state = State::new(model.config(), 64);
+    let mut logits = Vec::new();
+    for (pos, &t) in prompt.iter().enumerate() {
+        logits = forward(&model, &mut state, t, pos, &mut |_, _| {})
+            .unwrap()
+            .to_vec();
+    }
+    let mut seen = prompt.clone();
+    for (step, lp) in got.iter().enumerate() {
+        // the shaping by hand: bias, then llama.cpp's penalties over the window (the
+        // whole history here: fewer than repeat_last_n = 64 tokens)
+        let mut shaped: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
+        for &(t, b) in &bias {
+            shaped[t as usize] += f64::from(b);
+        }
+        let mut counts: HashMap<u32, usize> = HashMap::new();
+        for &t in &seen {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &c) in &counts {
+            let l = shaped[t as usize];
+            let l = if l > 0.0 { l / 1.2 } else { l * 1.2 };
+            shaped[t as usize] = l - c as f64 * 0.5 - 0.25;
+        }
+        let max = shaped.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + shaped.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+        let want = |t: u32| (shaped[t as usize] - lse) as f32;
+        assert!(
+            (lp.logprob - want(lp.token)).abs() < TOL,
+            "step {step}: token {} logprob {} vs reference {}",
+            lp.token,
+            lp.logprob,
+            want(lp.token)
+        );
+        assert_eq!(lp.top.len(), 5);
+        let mut sorted: Vec<f64> = shaped.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        for (k, &(t, l)) in lp.top.iter().enumerate() {
+            assert!(
+                (l - want(t)).abs() < TOL,
+                "step {step} top {k}: {t} {l} vs {}",
+                want(t)
+            );
+            // the k-th best, up to ties within the tolerance
+            assert!(
+                (f64::from(l) - (sorted[k] - lse)).abs() < f64::from(TOL),
+                "step {step}: top {k} is {t} ({l}), the reference's k-th best is {}",
+                sorted[k] - lse
+            );
+        }
+        assert_ne!(lp.token, 9, "a banned token was drawn");
+        seen.push(lp.token);
+        let pos = seen.len() - 1;
+        logits = forward(&model, &mut state, lp.token, pos, &mut |_, _| {})
+            .unwrap()
+            .to_vec();
+    }
+    let _ = std::fs::remove_file(&path);
+}
