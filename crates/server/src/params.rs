@@ -306,18 +306,19 @@ impl Sampling {
             |v| (-2.0..=2.0).contains(&v),
             "-2 to 2 (0 disables)",
         )?;
-        let repeat_last_n =
-            match self.repeat_last_n {
-                None => defaults.repeat_last_n,
-                Some(-1) => usize::MAX,
-                Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
-                Some(n) => return Err(ApiError::bad_param(
+        let repeat_last_n = match self.repeat_last_n {
+            None => defaults.repeat_last_n,
+            Some(-1) => usize::MAX,
+            Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(n) => {
+                return Err(ApiError::bad_param(
                     "repeat_last_n",
                     format!(
                         "repeat_last_n must be -1 (the context), 0 (disabled) or more (got {n})"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let logit_bias = self.logit_bias_checked(vocab)?;
         let logprobs = self.logprobs_checked(endpoint)?;
         let echo = self.echo.unwrap_or(false);
