@@ -132,6 +132,27 @@ pub struct Args {
     #[arg(long)]
     pub seed: Option<u64>,
 
+    /// Constrain the output to a GBNF grammar (llama.cpp's syntax, `root` rule first), given
+    /// as text. The grammar masks the logits at every step; end-of-generation is allowed
+    /// only where the text is complete.
+    #[arg(long, value_name = "GBNF", group = "constraint")]
+    pub grammar: Option<String>,
+
+    /// Constrain the output to the GBNF grammar in FILE (see `grammars/` for examples).
+    #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
+    pub grammar_file: Option<PathBuf>,
+
+    /// Constrain the output to JSON that follows this JSON schema (a subset: objects,
+    /// arrays, enum, const, strings with length limits, numbers with bounds, anyOf, $ref;
+    /// a keyword it cannot enforce is refused by name). Properties come out in the
+    /// schema's order. `{}` allows any JSON value.
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", group = "constraint")]
+    pub json_schema: Option<String>,
+
+    /// As --json-schema, the schema read from FILE.
+    #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]
+    pub json_schema_file: Option<PathBuf>,
+
     /// How the weights reach the GPU: auto, import (file pages, no copy) or copy (baseline).
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
@@ -257,6 +278,34 @@ fn validate_sampling(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The grammar `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
+/// asks for (clap lets at most one through), compiled.
+fn constraint_from_args(args: &Args) -> Result<Option<Arc<grammar::CompiledGrammar>>> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("{flag}: cannot read {}", path.display()))
+    };
+    let gbnf = |flag: &str, text: &str| {
+        grammar::CompiledGrammar::from_gbnf(text).with_context(|| format!("{flag}: the grammar"))
+    };
+    let schema = |flag: &str, text: &str| {
+        grammar::CompiledGrammar::from_json_schema(text)
+            .with_context(|| format!("{flag}: the JSON schema"))
+    };
+    let g = if let Some(text) = &args.grammar {
+        gbnf("--grammar", text)?
+    } else if let Some(path) = &args.grammar_file {
+        gbnf("--grammar-file", &read("--grammar-file", path)?)?
+    } else if let Some(text) = &args.json_schema {
+        schema("--json-schema", text)?
+    } else if let Some(path) = &args.json_schema_file {
+        schema("--json-schema-file", &read("--json-schema-file", path)?)?
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(g)))
+}
+
 /// One `--logit-bias`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LogitBias {
@@ -304,6 +353,8 @@ pub fn run(args: Args) -> Result<()> {
         bail!("-n must be positive, or -1 for \"until end of generation\"");
     }
     validate_sampling(&args)?;
+    // A grammar or schema that does not compile is reported before the model loads.
+    let grammar = constraint_from_args(&args)?;
     // Open the stats file first: a bad path is reported before the generation, not after.
     let mut stats_file = match &args.stats_json {
         Some(path) => Some(
@@ -423,6 +474,8 @@ pub fn run(args: Args) -> Result<()> {
             logit_bias: args.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
             logprobs: None,
             seed,
+            grammar: grammar
+                .map(|g| engine::Constraint::new(g, Arc::new(engine::grammar_vocab(&tok)))),
         },
         cancel: Some(cancel.clone()),
     };

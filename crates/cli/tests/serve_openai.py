@@ -86,6 +86,153 @@ b = client.completions.create(model=model, prompt="Once upon a time", max_tokens
                               temperature=0.9, top_p=0.9, seed=42)
 assert a.choices[0].text == b.choices[0].text, (a.choices[0].text, b.choices[0].text)
 
+# structured output: a JSON schema holds the answer to it (strict), streamed or not
+city_schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "country": {"enum": ["France", "Germany", "Italy"]},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["name", "country", "population"],
+    "additionalProperties": False,
+}
+city_messages = [{"role": "user", "content": os.environ["CITY_PROMPT"]}]
+fmt = {"type": "json_schema", "json_schema": {"name": "city", "strict": True, "schema": city_schema}}
+r = client.chat.completions.create(
+    model=model, messages=city_messages, max_tokens=60, temperature=0, response_format=fmt
+)
+text = r.choices[0].message.content
+assert r.choices[0].finish_reason == "stop", (r.choices[0].finish_reason, text)
+city = json.loads(text)
+assert list(city) == ["name", "country", "population"], text
+assert city["country"] in ("France", "Germany", "Italy") and 0 <= city["population"] <= 100, city
+results["json_schema"] = text
+parts = []
+for chunk in client.chat.completions.create(
+    model=model, messages=city_messages, max_tokens=60, temperature=0, response_format=fmt,
+    stream=True,
+):
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+assert "".join(parts) == text, ("".join(parts), text)
+
+# what structured-output code writes: a pydantic model, parsed by the package
+import pydantic
+
+
+class Answer(pydantic.BaseModel):
+    city: str
+    is_capital: bool
+    rank: int
+
+
+parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+r = parse(
+    model=model,
+    messages=[{"role": "user", "content": "Is Paris the capital of France? Answer in JSON."}],
+    max_tokens=60,
+    temperature=0,
+    response_format=Answer,
+)
+answer = r.choices[0].message.parsed
+assert isinstance(answer, Answer), r.choices[0].message
+
+# any JSON object
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Describe a cat."}], max_tokens=40,
+    temperature=0.7, seed=1, response_format={"type": "json_object"},
+)
+if r.choices[0].finish_reason == "stop":
+    assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0].message.content
+else:
+    assert r.choices[0].message.content.lstrip().startswith("{"), r.choices[0].message.content
+
+# llama-server's grammar field, on completions
+r = client.completions.create(
+    model=model, prompt="Is the sky green? Answer:", max_tokens=8, temperature=0,
+    extra_body={"grammar": 'root ::= " " ("yes" | "no") "."'},
+)
+assert r.choices[0].text in (" yes.", " no."), r.choices[0].text
+assert r.choices[0].finish_reason == "stop", r.choices[0]
+
+# a keyword the grammar cannot enforce, and a grammar that does not compile: 400 naming it
+for extra, param, needle in [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a+$"}}}}, "response_format", "pattern"),
+    ({"extra_body": {"grammar": "root ::= missing"}}, "grammar", "missing"),
+]:
+    try:
+        client.chat.completions.create(model=model, messages=city_messages, max_tokens=4, **extra)
+        raise SystemExit(f"{param} was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.body["param"] == param and needle in e.body["message"], e.body
+
+# tools: a forced call (a named function, or "required") always parses and follows the
+# function's parameters; the follow-up with the tool's result is accepted
+weather = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+clock = {"type": "function", "function": {"name": "get_time", "description": "The time now", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+for choice in [{"type": "function", "function": {"name": "get_weather"}}, "required"]:
+    r = client.chat.completions.create(
+        model=model, messages=ask, max_tokens=60, temperature=0, tools=[weather, clock], tool_choice=choice
+    )
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", (choice, r.choices[0])
+    assert m.content is None and len(m.tool_calls) == 1, m
+    call = m.tool_calls[0]
+    assert call.type == "function" and call.id, call
+    if choice != "required":
+        assert call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert list(args) == ["city", "unit"] and args["unit"] in ("celsius", "fahrenheit"), args
+    else:
+        assert args == {}, args
+results["tool_call"] = [call.function.name, call.function.arguments]
+# streamed: the same call, in one delta
+calls, finishes = [], []
+for chunk in client.chat.completions.create(
+    model=model, messages=ask, max_tokens=60, temperature=0, tools=[weather, clock],
+    tool_choice="required", stream=True,
+):
+    for c in chunk.choices:
+        if c.delta.tool_calls:
+            calls.extend(c.delta.tool_calls)
+        if c.finish_reason:
+            finishes.append(c.finish_reason)
+assert finishes == ["tool_calls"], finishes
+assert [(c.function.name, c.function.arguments) for c in calls] == [tuple(results["tool_call"])], calls
+# the follow-up: the assistant's call and the tool's answer in the history
+follow = ask + [
+    {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+]
+r = client.chat.completions.create(
+    model=model, messages=follow, max_tokens=24, temperature=0, tools=[weather, clock], tool_choice="none"
+)
+assert r.choices[0].message.content and not r.choices[0].message.tool_calls, r.choices[0].message
+assert r.choices[0].finish_reason in ("stop", "length"), r.choices[0]
+# a named function that is not among the tools: 400 naming tool_choice
+try:
+    client.chat.completions.create(model=model, messages=ask, tools=[weather],
+                                   tool_choice={"type": "function", "function": {"name": "nope"}})
+    raise SystemExit("an unknown function was accepted")
+except openai.BadRequestError as e:
+    assert e.body["param"] == "tool_choice", e.body
+
 # errors surface as the package's exceptions with the status
 try:
     client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])

@@ -10,6 +10,12 @@ use std::process::Command;
 
 use serve_common::{cli_greedy, venv_python, Server};
 
+const CITY_PROMPT: &str =
+    "Give the name, the country and the population in millions of the capital of France.";
+
+/// The schema serve_openai.py sends as `response_format`.
+const CITY_SCHEMA: &str = r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "country": {"enum": ["France", "Germany", "Italy"]}, "population": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["name", "country", "population"], "additionalProperties": false}"#;
+
 #[test]
 fn the_openai_package_talks_to_the_server() {
     let Some(python) = venv_python() else {
@@ -21,6 +27,7 @@ fn the_openai_package_talks_to_the_server() {
         .arg(&script)
         .env("BASE_URL", format!("http://{}/v1", s.addr))
         .env("API_KEY", "test-key")
+        .env("CITY_PROMPT", CITY_PROMPT)
         .output()
         .expect("run the test venv's python");
     assert!(
@@ -42,6 +49,15 @@ fn the_openai_package_talks_to_the_server() {
             "What is the capital of France?",
             16,
             &["--chat", "-c", "512"]
+        ),
+    );
+    // structured output: the server's answer is the CLI's --json-schema answer
+    assert_eq!(
+        results["json_schema"],
+        cli_greedy(
+            CITY_PROMPT,
+            60,
+            &["--chat", "-c", "512", "--json-schema", CITY_SCHEMA]
         ),
     );
 }

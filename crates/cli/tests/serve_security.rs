@@ -325,9 +325,14 @@ fn unimplemented_parameters_are_refused_by_name() {
         ("top_logprobs", json!(21)),
         (
             "tools",
-            json!([{"type": "function", "function": {"name": "f"}}]),
+            json!([{"type": "function", "function": {"name": "not a name"}}]),
         ),
-        ("response_format", json!({"type": "json_object"})),
+        // a schema keyword the grammar does not enforce
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}),
+        ),
+        ("grammar", json!("root ::= undefined-rule")),
         ("presence_penalty", json!(2.5)),
         ("frequency_penalty", json!(-3)),
     ] {

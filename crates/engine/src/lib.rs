@@ -35,7 +35,7 @@ mod views;
 pub use generate::{
     Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,
 };
-pub use sampling::{Sampler, SamplerOptions, TokenLogprob};
+pub use sampling::{grammar_vocab, Constraint, Sampler, SamplerOptions, TokenLogprob};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
 pub use slots::{
     Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo,

@@ -13,14 +13,23 @@
 //! own distribution as the request shaped it, which is what OpenAI documents ("the log
 //! probability of this token"), not llama-server's post-truncation probabilities.
 //!
+//! A grammar ([`Constraint`]: GBNF or a JSON schema, compiled by the `grammar` crate)
+//! masks the logits after the penalties, as llama.cpp's grammar sampler does: a token the
+//! grammar does not allow gets `-inf`, so log-probabilities are those of the constrained
+//! distribution, and an end-of-generation token is allowed only where the text is a
+//! complete sentence of the grammar. The matcher advances with each token drawn.
+//!
 //! A temperature of 0 (or below) is greedy: the first maximum after the penalty. A seeded
 //! generator makes every run reproducible. Nothing is allocated per token once the
 //! candidate buffer has grown to the vocabulary size.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
+use grammar::{CompiledGrammar, Matcher, TokenMask, Vocab};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokenizer::Tokenizer;
 
 /// Sampling parameters; `Default` is llama.cpp's.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +62,44 @@ pub struct SamplerOptions {
     pub logprobs: Option<usize>,
     /// Seed of the generator.
     pub seed: u64,
+    /// A grammar the output must follow; `None` leaves the output free.
+    pub grammar: Option<Constraint>,
+}
+
+/// A compiled grammar and the vocabulary it masks (see the module docs). Built once per
+/// request (or once per schema and shared); equal when both are the same objects.
+#[derive(Clone, Debug)]
+pub struct Constraint {
+    grammar: Arc<CompiledGrammar>,
+    vocab: Arc<Vocab>,
+}
+
+impl Constraint {
+    pub fn new(grammar: Arc<CompiledGrammar>, vocab: Arc<Vocab>) -> Constraint {
+        Constraint { grammar, vocab }
+    }
+}
+
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.grammar, &other.grammar) && Arc::ptr_eq(&self.vocab, &other.vocab)
+    }
+}
+
+/// The tokenizer's vocabulary as the grammar matcher reads it: each token's bytes, control
+/// and unknown tokens empty (never allowed), the end-of-generation tokens as its ends.
+/// Build it once per model (a trie over the whole vocabulary; a few milliseconds).
+pub fn grammar_vocab(tok: &Tokenizer) -> Vocab {
+    let tokens: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
+        .map(|id| {
+            if tok.is_special(id) {
+                Vec::new()
+            } else {
+                tok.token_bytes(id)
+            }
+        })
+        .collect();
+    Vocab::new(&tokens, tok.eog_ids())
 }
 
 /// A chosen token's log-probability and the most likely tokens at its position, best
@@ -78,6 +125,7 @@ impl Default for SamplerOptions {
             logit_bias: Vec::new(),
             logprobs: None,
             seed: 0x5EED,
+            grammar: None,
         }
     }
 }
@@ -99,6 +147,12 @@ pub enum SampleError {
     Empty,
     #[error("every logit is NaN or -inf after the penalty: nothing to sample ({n} logits)")]
     NoCandidate { n: usize },
+    #[error("grammar: {0}")]
+    Grammar(#[from] grammar::MatchError),
+    #[error("the grammar allows no token here (the model's vocabulary cannot continue it, or ending is forbidden)")]
+    GrammarStuck,
+    #[error("the grammar's vocabulary has {grammar} tokens but the logits {logits}")]
+    GrammarVocab { grammar: usize, logits: usize },
 }
 
 /// A seeded sampler that remembers the last `repeat_last_n` tokens.
@@ -115,6 +169,8 @@ pub struct Sampler {
     shaped: Vec<f32>,
     /// The last chosen token's log-probability, when asked for.
     last_logprob: Option<TokenLogprob>,
+    /// The grammar's matcher (built at the first draw) and its mask.
+    matcher: Option<(Matcher, TokenMask)>,
 }
 
 impl Sampler {
@@ -128,6 +184,7 @@ impl Sampler {
             seen: Vec::new(),
             shaped: Vec::new(),
             last_logprob: None,
+            matcher: None,
         }
     }
 
@@ -137,12 +194,13 @@ impl Sampler {
 
     /// True when the choice is the plain argmax of the logits, so the engine can take the
     /// argmax on the GPU and read back 4 bytes instead of the logits (not when a bias, a
-    /// penalty or log-probabilities need the logits themselves).
+    /// penalty, a grammar or log-probabilities need the logits themselves).
     pub fn is_greedy(&self) -> bool {
         self.opts.temperature <= 0.0
             && !self.penalises()
             && self.opts.logit_bias.is_empty()
             && self.opts.logprobs.is_none()
+            && self.opts.grammar.is_none()
     }
 
     fn penalises(&self) -> bool {
@@ -157,7 +215,9 @@ impl Sampler {
         self.last_logprob.take()
     }
 
-    /// Records a token (prompt tokens included) for the repetition penalty.
+    /// Records a token (prompt tokens included) for the repetition penalty. (The grammar
+    /// advances when [`Sampler::sample`] draws a token, not here: the prompt is outside
+    /// it.)
     pub fn accept(&mut self, token: u32) {
         if self.opts.repeat_last_n == 0 {
             return;
@@ -173,8 +233,9 @@ impl Sampler {
         self.history.clear();
     }
 
-    /// Draws the next token from `logits` (one per vocabulary entry). Does not call
-    /// [`Sampler::accept`]; the caller records the token it keeps.
+    /// Draws the next token from `logits` (one per vocabulary entry) and advances the
+    /// grammar by it. Does not call [`Sampler::accept`]; the caller records the token it
+    /// keeps.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
         if logits.is_empty() {
             return Err(SampleError::Empty);
@@ -188,6 +249,7 @@ impl Sampler {
             }
         }
         self.apply_penalty();
+        self.apply_grammar(logits.len())?;
         if self.opts.logprobs.is_some() {
             self.shaped.clear();
             self.shaped.extend(self.cand.iter().map(|c| c.1));
@@ -195,10 +257,16 @@ impl Sampler {
         self.cand
             .retain(|&(_, l)| !l.is_nan() && l != f32::NEG_INFINITY);
         if self.cand.is_empty() {
-            return Err(SampleError::NoCandidate { n: logits.len() });
+            return Err(match self.matcher {
+                Some(_) => SampleError::GrammarStuck,
+                None => SampleError::NoCandidate { n: logits.len() },
+            });
         }
         let top = self.opts.logprobs.map(|n| log_softmax_top(&self.cand, n));
         let tok = self.draw();
+        if let Some((m, _)) = &mut self.matcher {
+            m.accept(tok)?;
+        }
         if let Some((lse, top)) = top {
             self.last_logprob = Some(TokenLogprob {
                 token: tok,
@@ -232,6 +300,34 @@ impl Sampler {
             }
         }
         self.cand[self.cand.len() - 1].0
+    }
+
+    /// Sets the logit of every token the grammar does not allow here to `-inf`
+    /// (candidates still indexed by token id).
+    fn apply_grammar(&mut self, n_logits: usize) -> Result<(), SampleError> {
+        let Some(c) = &self.opts.grammar else {
+            return Ok(());
+        };
+        if c.vocab.len() != n_logits {
+            return Err(SampleError::GrammarVocab {
+                grammar: c.vocab.len(),
+                logits: n_logits,
+            });
+        }
+        if self.matcher.is_none() {
+            let m = Matcher::new(c.grammar.clone(), c.vocab.clone())?;
+            self.matcher = Some((m, TokenMask::new(c.vocab.len())));
+        }
+        let Some((m, mask)) = &mut self.matcher else {
+            return Ok(());
+        };
+        m.fill_mask(mask)?;
+        for c in self.cand.iter_mut() {
+            if !mask.is_allowed(c.0) {
+                c.1 = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
     }
 
     /// Applies the penalties once per distinct token of the history, with its count there
@@ -564,5 +660,70 @@ mod tests {
         let mut s = Sampler::new(SamplerOptions::greedy());
         s.sample(&logits).unwrap();
         assert_eq!(s.take_logprob(), None);
+    }
+
+    fn constraint(gbnf: &str, tokens: &[&str]) -> Constraint {
+        // token 0 ends generation (no text)
+        let bytes: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
+        Constraint::new(
+            Arc::new(CompiledGrammar::from_gbnf(gbnf).unwrap()),
+            Arc::new(Vocab::new(&bytes, &[0])),
+        )
+    }
+
+    #[test]
+    fn a_grammar_masks_every_step_and_ends_only_when_complete() {
+        let c = constraint(r#"root ::= "ab" "c"*"#, &["", "a", "b", "ab", "c"]);
+        let mut s = Sampler::new(SamplerOptions {
+            grammar: Some(c),
+            logprobs: Some(5),
+            ..SamplerOptions::greedy()
+        });
+        assert!(!s.is_greedy(), "the mask needs the logits");
+        // "b" and the end are the model's favourites, but only "a" or "ab" may start
+        let logits = [9.0, 1.0, 8.0, 0.5, 0.0];
+        assert_eq!(s.sample(&logits).unwrap(), 1);
+        let lp = s.take_logprob().unwrap();
+        // the log-softmax of what the mask let through: "a" and "ab"
+        let lse = (1.0f64.exp() + 0.5f64.exp()).ln();
+        assert!((lp.logprob - (1.0 - lse) as f32).abs() < 1e-6, "{lp:?}");
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3]);
+        // after "a": only "b"
+        assert_eq!(s.sample(&logits).unwrap(), 2);
+        // complete: the end (or more "c")
+        assert_eq!(s.sample(&logits).unwrap(), 0);
+        // greedy on other logits picks "c" and the grammar goes on
+        let mut s = Sampler::new(SamplerOptions {
+            grammar: Some(constraint(r#"root ::= "ab" "c"*"#, &["", "a", "b", "ab", "c"])),
+            ..SamplerOptions::greedy()
+        });
+        let prefer_c = [0.0, 1.0, 0.0, 2.0, 5.0];
+        assert_eq!(s.sample(&prefer_c).unwrap(), 3);
+        assert_eq!(s.sample(&prefer_c).unwrap(), 4);
+        assert_eq!(s.sample(&prefer_c).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_grammar_the_logits_cannot_follow_is_an_error_not_a_free_token() {
+        // the end is banned by the bias, and the grammar allows nothing else
+        let mut s = Sampler::new(SamplerOptions {
+            grammar: Some(constraint(r#"root ::= "a""#, &["", "a", "b"])),
+            logit_bias: vec![(0, f32::NEG_INFINITY)],
+            ..SamplerOptions::default()
+        });
+        assert_eq!(s.sample(&[0.0, 0.0, 5.0]).unwrap(), 1);
+        assert_eq!(s.sample(&[0.0, 0.0, 5.0]), Err(SampleError::GrammarStuck));
+        // logits from another vocabulary
+        let mut s = Sampler::new(SamplerOptions {
+            grammar: Some(constraint(r#"root ::= "a""#, &["", "a", "b"])),
+            ..SamplerOptions::greedy()
+        });
+        assert_eq!(
+            s.sample(&[0.0, 1.0]),
+            Err(SampleError::GrammarVocab {
+                grammar: 3,
+                logits: 2
+            })
+        );
     }
 }

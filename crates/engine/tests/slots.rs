@@ -377,3 +377,71 @@ fn reference_run(s: &mut engine::Session, model: &reference::Model, mm: bool) {
     }
     println!("batched step (matrix-matrix: {mm}): max |gpu - reference| logit = {worst}");
 }
+
+/// A JSON schema holds the output to it: greedy decoding of a chat prompt, through the
+/// slots (unbatched, so through the same one-token kernels as the generator) and through
+/// the one-shot generator, gives the same ids, and the text is JSON that follows the
+/// schema, properties in the schema's order. Unconstrained, the model answers in prose.
+#[test]
+fn a_json_schema_holds_slots_and_generator_to_it() {
+    let file = open();
+    let mut s = slots(&file, 1, false);
+    let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).unwrap());
+    let template = tokenizer::ChatTemplate::from_gguf(file.gguf())
+        .unwrap()
+        .unwrap();
+    let messages = [Message::new(
+        "user",
+        "Give the name, the country and the population in millions of the capital of France.",
+    )];
+    let prompt = engine::generate::chat_prompt_ids(&tok, &template, &messages, false).unwrap();
+    let schema = r#"{
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "country": {"enum": ["France", "Germany", "Italy"]},
+            "population": {"type": "integer", "minimum": 0, "maximum": 100}
+        },
+        "required": ["name", "country", "population"],
+        "additionalProperties": false
+    }"#;
+    let grammar = Arc::new(grammar::CompiledGrammar::from_json_schema(schema).unwrap());
+    let vocab = Arc::new(engine::grammar_vocab(&tok));
+    let constrained = SamplerOptions {
+        grammar: Some(engine::Constraint::new(grammar, vocab)),
+        ..SamplerOptions::greedy()
+    };
+    let free = alone(&mut s, 0, request(prompt.clone(), 60, SamplerOptions::greedy()));
+    assert!(
+        serde_json::from_str::<serde_json::Value>(free.text.trim()).is_err(),
+        "the free answer is already JSON, the test shows nothing: {}",
+        free.text
+    );
+    let held = alone(&mut s, 0, request(prompt.clone(), 60, constrained.clone()));
+    assert_eq!(held.finish_reason(), "stop", "{}", held.text);
+    let v: serde_json::Value = serde_json::from_str(&held.text)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", held.text));
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys.len(), 3, "{v}");
+    let order: Vec<usize> = ["\"name\"", "\"country\"", "\"population\""]
+        .iter()
+        .map(|k| held.text.find(k).unwrap())
+        .collect();
+    assert!(order.is_sorted(), "properties in the schema's order: {}", held.text);
+    assert!(v["name"].as_str().is_some_and(|n| n.chars().count() <= 20), "{v}");
+    assert!(["France", "Germany", "Italy"].contains(&v["country"].as_str().unwrap()));
+    assert!(v["population"].as_i64().is_some_and(|p| (0..=100).contains(&p)), "{v}");
+
+    let loaded = load(&file, &LoadOptions::default()).unwrap();
+    let mut gen = Generator::new(loaded.forward, tok);
+    let opts = GenerateOptions {
+        max_tokens: Some(60),
+        sampler: constrained,
+        ..Default::default()
+    };
+    let one_shot = gen
+        .generate(&prompt, &opts, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(one_shot.ids, held.ids);
+    assert_eq!(one_shot.stop, StopReason::Eog);
+}

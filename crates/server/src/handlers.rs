@@ -28,12 +28,16 @@ use tokenizer::{Message, Tokenizer};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::conn::PeerEof;
+use crate::constrain;
+use crate::tools::{self, Call, Tools};
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
 use crate::logprobs::{self, CompletionLogprobs};
 use crate::metrics::Metrics;
-use crate::params::{cap_max_tokens, ChatRequest, Checked, CompletionRequest, Endpoint, Prompt};
+use crate::params::{
+    cap_max_tokens, ChatMessage, ChatRequest, Checked, CompletionRequest, Endpoint, Prompt,
+};
 use crate::scheduler::SubmitError;
 
 /// Which endpoint: they differ only in the shape of their answers.
@@ -43,6 +47,15 @@ enum Kind {
     Completion,
 }
 
+/// How a request's answer is shaped.
+struct Shape {
+    kind: Kind,
+    /// Completions with `echo`: the prompt's text, which starts each choice's text.
+    echo: Option<String>,
+    /// Chat with tools: an answer that is a call becomes `tool_calls`.
+    tools: Option<Tools>,
+}
+
 pub async fn chat(
     State(st): State<Arc<AppState>>,
     peer: Option<Extension<PeerEof>>,
@@ -50,28 +63,26 @@ pub async fn chat(
     body: Body,
 ) -> Response {
     let run = async {
-        let req: ChatRequest = st.read_json(&headers, body).await?;
+        let (req, text): (ChatRequest, _) = st.read_json_and_text(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let checked = req
+        let mut checked = req
             .sampling
             .check(fresh_seed(), Endpoint::Chat, st.tok.vocab_size())?;
+        checked.sampler.grammar = constrain::from_body(&st, &text)?;
+        let tools = Tools::from_body(&text)?;
+        if let Some(schema) = tools.as_ref().and_then(Tools::call_schema) {
+            if checked.sampler.grammar.is_some() {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    "a required tool call and response_format (or grammar) cannot both hold the answer",
+                ));
+            }
+            checked.sampler.grammar = Some(constrain::from_schema(&st, &schema, "tools")?);
+        }
         if req.messages.is_empty() {
             return Err(ApiError::bad_param("messages", "messages is empty"));
         }
-        let mut messages = Vec::with_capacity(req.messages.len());
-        for m in &req.messages {
-            let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role.clone(),
-                "developer" => "system".to_string(),
-                other => {
-                    return Err(ApiError::bad_param(
-                        "messages",
-                        format!("unsupported message role {other:?} (system, user, assistant)"),
-                    ))
-                }
-            };
-            messages.push(Message::new(role, m.text()?));
-        }
+        let messages = chat_messages(&req.messages, tools.as_ref())?;
         let template = st.template.as_ref().ok_or_else(|| {
             ApiError::bad_request(
                 "the model has no chat template (tokenizer.chat_template): use /v1/completions",
@@ -79,11 +90,16 @@ pub async fn chat(
         })?;
         let ids = engine::generate::chat_prompt_ids(&st.tok, template, &messages, false)
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-        Ok::<_, ApiError>((ids, checked))
+        Ok::<_, ApiError>((ids, checked, tools))
     };
     match run.await {
-        Ok((ids, checked)) => {
-            generate(&st, Kind::Chat, ids, checked, None, peer.map(|p| p.0)).await
+        Ok((ids, checked, tools)) => {
+            let out = Shape {
+                kind: Kind::Chat,
+                echo: None,
+                tools,
+            };
+            generate(&st, out, ids, checked, peer.map(|p| p.0)).await
         }
         Err(e) => e.into_response(),
     }
@@ -96,11 +112,12 @@ pub async fn completions(
     body: Body,
 ) -> Response {
     let run = async {
-        let req: CompletionRequest = st.read_json(&headers, body).await?;
+        let (req, text): (CompletionRequest, _) = st.read_json_and_text(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let checked =
+        let mut checked =
             req.sampling
                 .check(fresh_seed(), Endpoint::Completions, st.tok.vocab_size())?;
+        checked.sampler.grammar = constrain::from_body(&st, &text)?;
         if checked.echo && checked.sampler.logprobs.is_some() {
             return Err(ApiError::bad_param(
                 "echo",
@@ -133,10 +150,67 @@ pub async fn completions(
     };
     match run.await {
         Ok((ids, checked, echo)) => {
-            generate(&st, Kind::Completion, ids, checked, echo, peer.map(|p| p.0)).await
+            let out = Shape {
+                kind: Kind::Completion,
+                echo,
+                tools: None,
+            };
+            generate(&st, out, ids, checked, peer.map(|p| p.0)).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// The request's messages as the template renders them: roles checked, earlier tool
+/// calls and their results written in the generic format of [`crate::tools`], the tools
+/// described in the system message.
+fn chat_messages(msgs: &[ChatMessage], tools: Option<&Tools>) -> Result<Vec<Message>, ApiError> {
+    let mut messages = Vec::with_capacity(msgs.len() + 1);
+    for m in msgs {
+        let text = m.text()?;
+        let message = match m.role.as_str() {
+            "system" | "user" => Message::new(m.role.clone(), text),
+            "developer" => Message::new("system", text),
+            "assistant" => {
+                let mut parts: Vec<String> = Vec::new();
+                if !text.is_empty() {
+                    parts.push(text);
+                }
+                for c in m.tool_calls.iter().flatten() {
+                    parts.push(tools::render_call(&c.function.name, &c.function.arguments));
+                }
+                Message::new("assistant", parts.join("\n"))
+            }
+            "tool" => {
+                let id = m.tool_call_id.as_deref().unwrap_or("");
+                let name = msgs
+                    .iter()
+                    .flat_map(|p| p.tool_calls.iter().flatten())
+                    .find(|c| c.id.as_deref() == Some(id))
+                    .map_or("a function", |c| c.function.name.as_str());
+                Message::new("user", format!("Result of {name} ({id}): {text}"))
+            }
+            other => {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    format!(
+                        "unsupported message role {other:?} (system, developer, user, assistant, tool)"
+                    ),
+                ))
+            }
+        };
+        messages.push(message);
+    }
+    if let Some(t) = tools {
+        let text = t.system_text();
+        match messages.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{text}", first.content);
+            }
+            _ => messages.insert(0, Message::new("system", text)),
+        }
+    }
+    Ok(messages)
 }
 
 /// The prompt as the CLI's `-p` tokenizes it: BOS as the model says, special-token text
@@ -160,12 +234,12 @@ fn fresh_seed() -> u64 {
 /// which cancels the job) when the answer stops listening.
 async fn generate(
     st: &Arc<AppState>,
-    kind: Kind,
+    out: Shape,
     prompt: Vec<u32>,
     c: Checked,
-    echo: Option<String>,
     peer: Option<PeerEof>,
 ) -> Response {
+    let Shape { kind, echo, tools } = out;
     let field = match kind {
         Kind::Chat => "messages",
         Kind::Completion => "prompt",
@@ -245,6 +319,7 @@ async fn generate(
             })
             .collect(),
         echo,
+        tools,
         finished: 0,
     };
     if c.stream {
@@ -331,6 +406,35 @@ impl Head {
     }
 }
 
+impl Head {
+    /// Choice `index` carrying a tool call: a message (or a delta) with `tool_calls` and
+    /// no content, `finish_reason: "tool_calls"` (in the whole answer; a stream sends it
+    /// in the next chunk).
+    fn call_choice(&self, chunk: bool, index: usize, call: &Call, logprobs: Value) -> Value {
+        let mut tool_call = json!({
+            "id": format!("call_{}_{index}", self.id),
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        });
+        if chunk {
+            tool_call["index"] = json!(0);
+            json!({
+                "index": index,
+                "delta": {"role": "assistant", "content": null, "tool_calls": [tool_call]},
+                "logprobs": logprobs,
+                "finish_reason": null,
+            })
+        } else {
+            json!({
+                "index": index,
+                "message": {"role": "assistant", "content": null, "tool_calls": [tool_call]},
+                "logprobs": logprobs,
+                "finish_reason": "tool_calls",
+            })
+        }
+    }
+}
+
 fn usage_json(u: &Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -360,6 +464,8 @@ struct Answer {
     choices: Vec<Choice>,
     /// Completions with `echo`: the prompt's text, which starts each choice's text.
     echo: Option<String>,
+    /// Chat with tools: the text is held back and, when it is a call, sent as one.
+    tools: Option<Tools>,
     /// Choices done.
     finished: usize,
 }
@@ -436,7 +542,10 @@ impl Answer {
                 None => c.text.clone(),
             };
             let finish = c.done.as_ref().map(|d| d.0);
-            choices.push(self.head.choice(false, i, Some(&text), logprobs, finish));
+            match self.tools.as_ref().and_then(|t| t.parse_call(&c.text)) {
+                Some(call) => choices.push(self.head.call_choice(false, i, &call, logprobs)),
+                None => choices.push(self.head.choice(false, i, Some(&text), logprobs, finish)),
+            }
         }
         let (u, queued) = self.usage();
         self.head
@@ -606,6 +715,11 @@ fn stream_answer(
             let a = &mut s.answer;
             match event {
                 Some((_, JobEvent::Text(t))) if t.is_empty() => continue,
+                Some((i, JobEvent::Text(t))) if a.tools.is_some() => {
+                    // held back until the end: the text may turn out to be a call
+                    a.choices[i].text.push_str(&t);
+                    continue;
+                }
                 Some((i, JobEvent::Text(t))) => {
                     let logprobs = a.drain_logprobs(i);
                     let choice = a.head.choice(true, i, Some(&t), logprobs, None);
@@ -629,8 +743,29 @@ fn stream_answer(
                     } else {
                         a.drain_logprobs(i)
                     };
-                    let choice = a.head.choice(true, i, text, logprobs, Some(finish));
-                    let mut out = sse(&a.head.wrap(true, json!([choice]), None));
+                    let mut out = String::new();
+                    let mut finish = finish.as_str();
+                    if let Some(t) = &a.tools {
+                        // the held-back text, or the call it is
+                        let held = std::mem::take(&mut a.choices[i].text);
+                        let first = match t.parse_call(&held) {
+                            Some(call) => {
+                                finish = "tool_calls";
+                                Some(a.head.call_choice(true, i, &call, logprobs.clone()))
+                            }
+                            None if held.is_empty() => None,
+                            None => Some(a.head.choice(true, i, Some(&held), logprobs.clone(), None)),
+                        };
+                        if let Some(first) = first {
+                            out.push_str(&sse(&a.head.wrap(true, json!([first]), None)));
+                        }
+                    }
+                    let mut choice = a.head.choice(true, i, text, Value::Null, None);
+                    choice["finish_reason"] = json!(finish);
+                    if a.tools.is_none() {
+                        choice["logprobs"] = logprobs;
+                    }
+                    out.push_str(&sse(&a.head.wrap(true, json!([choice]), None)));
                     if !a.all_done() {
                         break out;
                     }

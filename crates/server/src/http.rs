@@ -2,7 +2,7 @@
 //! size limit and a deadline, graceful shutdown.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -59,6 +59,8 @@ pub struct AppState {
     /// Set when a shutdown began: `/health` says so.
     pub shutting_down: AtomicBool,
     next_id: AtomicU64,
+    /// The vocabulary as grammars mask it, built at the first constrained request.
+    grammar_vocab: OnceLock<Arc<grammar::Vocab>>,
 }
 
 impl AppState {
@@ -78,7 +80,15 @@ impl AppState {
             started: unix_now(),
             shutting_down: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            grammar_vocab: OnceLock::new(),
         }
+    }
+
+    /// The tokenizer's vocabulary as the grammar matcher reads it (built once).
+    pub fn grammar_vocab(&self) -> Arc<grammar::Vocab> {
+        self.grammar_vocab
+            .get_or_init(|| Arc::new(engine::grammar_vocab(&self.tok)))
+            .clone()
     }
 
     /// A fresh number for response ids.
@@ -114,6 +124,16 @@ impl AppState {
         headers: &axum::http::HeaderMap,
         body: Body,
     ) -> Result<T, ApiError> {
+        Ok(self.read_json_and_text(headers, body).await?.0)
+    }
+
+    /// [`AppState::read_json`], with the body's bytes (for what must be read from the
+    /// text itself, such as a JSON schema's key order).
+    pub async fn read_json_and_text<T: DeserializeOwned>(
+        &self,
+        headers: &axum::http::HeaderMap,
+        body: Body,
+    ) -> Result<(T, Vec<u8>), ApiError> {
         let bytes = read_body(
             body,
             headers,
@@ -121,7 +141,7 @@ impl AppState {
             self.opts.limits.body_timeout,
         )
         .await?;
-        parse_json(&bytes)
+        Ok((parse_json(&bytes)?, bytes))
     }
 
     /// Every id of `ids` must be in the vocabulary (a 400 naming `param` otherwise).

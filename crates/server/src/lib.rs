@@ -5,7 +5,8 @@
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
 //!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
-//!   their log-probabilities in OpenAI's shapes, `status` (`/health`, `/v1/models`,
+//!   their log-probabilities in OpenAI's shapes, `constrain` the grammar a request's
+//!   `response_format`, `json_schema` or `grammar` asks for, `tools` tool calls, `status` (`/health`, `/v1/models`,
 //!   `/metrics`) and `tokens` (`/tokenize`, `/detokenize`) the small routes; [`params`]
 //!   the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
@@ -18,6 +19,7 @@
 
 pub mod backend;
 pub mod conn;
+mod constrain;
 pub mod error;
 pub mod guard;
 pub mod handlers;
@@ -29,6 +31,7 @@ pub mod params;
 pub mod scheduler;
 mod status;
 mod tokens;
+mod tools;
 
 pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport, Usage};
 pub use crate::conn::ConnLimits;

@@ -2,8 +2,10 @@
 //! every sampling value in range, `max_tokens` positive and capped by the context.
 //!
 //! Defaults are the CLI's (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95,
-//! min_p 0.05. OpenAI parameters the server does not implement (tools, response_format,
-//! ...) are accepted at their default values only: any other value is a 400 naming the
+//! min_p 0.05. `response_format`, `json_schema` and `grammar` are read by
+//! `crate::constrain`, `tools` and `tool_choice` by `crate::tools`. OpenAI parameters the
+//! server does not implement (the legacy `functions`, ...) are
+//! accepted at their default values only: any other value is a 400 naming the
 //! parameter, never an answer that silently ignored it. A `max_tokens` above what the
 //! context leaves after the prompt is capped to it (as llama-server does), and the answer
 //! ends with `finish_reason: "length"`.
@@ -68,11 +70,8 @@ pub struct Sampling {
 /// than the default is refused by name.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unsupported {
-    pub tools: Option<Value>,
-    pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
-    pub response_format: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
 }
@@ -80,11 +79,8 @@ pub struct Unsupported {
 /// Each unimplemented parameter and the values that mean "not used" (`null` always
 /// does).
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("tools", "[]"),
-    ("tool_choice", "\"none\" or \"auto\""),
     ("functions", "[]"),
     ("function_call", "\"none\" or \"auto\""),
-    ("response_format", "{\"type\": \"text\"}"),
     ("best_of", "1"),
     ("suffix", "\"\""),
 ];
@@ -92,11 +88,8 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
 impl Unsupported {
     fn get(&self, name: &str) -> Option<&Value> {
         match name {
-            "tools" => self.tools.as_ref(),
-            "tool_choice" => self.tool_choice.as_ref(),
             "functions" => self.functions.as_ref(),
             "function_call" => self.function_call.as_ref(),
-            "response_format" => self.response_format.as_ref(),
             "best_of" => self.best_of.as_ref(),
             "suffix" => self.suffix.as_ref(),
             _ => None,
@@ -114,15 +107,9 @@ impl Unsupported {
                     let one = name == "best_of";
                     n.as_f64() == Some(if one { 1.0 } else { 0.0 })
                 }
-                // without tools, "auto" chooses none
                 Value::String(t) => t.is_empty() || t == "none" || t == "auto",
                 Value::Array(a) => a.is_empty(),
-                Value::Object(o) => {
-                    o.is_empty()
-                        || (name == "response_format"
-                            && o.len() == 1
-                            && o.get("type") == Some(&Value::from("text")))
-                }
+                Value::Object(o) => o.is_empty(),
             };
             if !unused {
                 return Err(ApiError::bad_param(
@@ -141,11 +128,28 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// One chat message; `content` is a string or a list of text parts.
+/// One chat message; `content` is a string or a list of text parts. An assistant message
+/// may carry the calls it made, a `tool` message the result of one.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: Option<Content>,
+    pub tool_calls: Option<Vec<ToolCall>>,
+    pub tool_call_id: Option<String>,
+}
+
+/// A call an earlier assistant message made.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    pub function: ToolCallFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallFunction {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -373,6 +377,8 @@ impl Sampling {
                 logit_bias,
                 logprobs,
                 seed: self.seed.map_or(seed_default, |s| s as u64),
+                // set by the handler from the body's text (crate::constrain)
+                grammar: None,
             },
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -501,7 +507,8 @@ pub fn cap_max_tokens(
 }
 
 impl ChatMessage {
-    /// The message's text: a string, or its text parts joined.
+    /// The message's text: a string, or its text parts joined by newlines (as
+    /// llama-server does: parts are paragraphs, not fragments of one).
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
             None => Ok(String::new()),
@@ -510,7 +517,12 @@ impl ChatMessage {
                 let mut out = String::new();
                 for p in parts {
                     match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => out.push_str(t),
+                        ("text", Some(t)) => {
+                            if !out.is_empty() {
+                                out.push('\n');
+                            }
+                            out.push_str(t);
+                        }
                         (kind, _) => {
                             return Err(ApiError::bad_param(
                                 "messages",
@@ -637,12 +649,8 @@ mod tests {
     #[test]
     fn unimplemented_parameters_are_refused_unless_at_their_default() {
         for (json, param) in [
-            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"tool_choice": "required"}"#, "tool_choice"),
-            (
-                r#"{"response_format": {"type": "json_object"}}"#,
-                "response_format",
-            ),
+            (r#"{"functions": [{"name": "f"}]}"#, "functions"),
+            (r#"{"function_call": "f"}"#, "function_call"),
             (r#"{"best_of": 3}"#, "best_of"),
             (r#"{"suffix": "end"}"#, "suffix"),
         ] {
@@ -659,6 +667,20 @@ mod tests {
         ] {
             assert!(check(json).is_ok(), "{json}");
         }
+    }
+
+    #[test]
+    fn text_parts_are_joined_by_newlines() {
+        let m: ChatMessage = serde_json::from_str(
+            r#"{"role": "user", "content": [{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.text().unwrap(), "One.\nTwo.");
+        let m: ChatMessage = serde_json::from_str(
+            r#"{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.text().unwrap_err().param, Some("messages"));
     }
 
     #[test]
