@@ -7,7 +7,9 @@
 //!   connection came in on, `--host`, or an `--allowed-hosts` entry (403 otherwise);
 //! - a request with an `Origin` (browsers send one on every cross-site POST) must come
 //!   from a `--cors-origin` entry (403 otherwise); only those origins get CORS headers,
-//!   and their preflights a 204;
+//!   and their preflights a 204. The server's own chat page (`/`) is let through: its
+//!   `Origin` is `http://` and the `Host` it was loaded from, which the check above
+//!   allowed, and it needs no CORS headers;
 //! - a POST body must be `application/json` (415 otherwise), which a page can only send
 //!   after a preflight.
 
@@ -55,6 +57,14 @@ impl Access {
     }
 }
 
+/// Whether `origin` is the server itself as the request names it: `http://` and its
+/// `Host` (an allowed one), as a browser sends from a page this server served. DNS
+/// rebinding cannot pass for it: the attacker's name fails the `Host` check first.
+pub fn same_origin(origin: &str, host: &str) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    !host.is_empty() && normal_origin(origin) == format!("http://{host}")
+}
+
 /// The host part of a `Host` value, lower case, without a port or a final dot.
 fn host_name(host: &str) -> String {
     let host = host.trim().to_ascii_lowercase();
@@ -90,10 +100,12 @@ pub fn normal_host(host: &str) -> String {
 pub async fn access(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let access = &st.opts.access;
     let headers = req.headers();
-    if let Some(host) = headers.get(header::HOST) {
+    let host = headers
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    if let Some(host) = &host {
         let local = req.extensions().get::<LocalAddr>().map(|a| a.0.ip());
-        let host = String::from_utf8_lossy(host.as_bytes());
-        if !access.host_allowed(&host, local) {
+        if !access.host_allowed(host, local) {
             return forbidden(format!(
                 "the Host {host:?} does not name this server (a page reaching it through DNS rebinding sends one like that): start the server with --allowed-hosts NAME to serve a name of your own"
             ));
@@ -103,12 +115,16 @@ pub async fn access(State(st): State<Arc<AppState>>, req: Request, next: Next) -
         None => None,
         Some(o) => {
             let text = String::from_utf8_lossy(o.as_bytes()).into_owned();
-            if !access.origin_allowed(&text) {
+            if host.as_deref().is_some_and(|h| same_origin(&text, h)) {
+                // the server's own page: as a request without an Origin (no CORS)
+                None
+            } else if access.origin_allowed(&text) {
+                Some(o.clone())
+            } else {
                 return forbidden(format!(
                     "requests from web pages of origin {text:?} are refused: start the server with --cors-origin {text} to let that site call it"
                 ));
             }
-            Some(o.clone())
         }
     };
     if let Some(o) = &origin {
@@ -233,6 +249,28 @@ mod tests {
         assert!(!a.origin_allowed("http://app.example:81"));
         assert!(!a.origin_allowed("null"));
         assert!(!Access::default().origin_allowed("http://localhost:8080"));
+    }
+
+    #[test]
+    fn the_servers_own_page_is_same_origin() {
+        // what Chrome sends from the page at http://127.0.0.1:8080/
+        assert!(same_origin("http://127.0.0.1:8080", "127.0.0.1:8080"));
+        assert!(same_origin("http://LocalHost:8080/", "localhost:8080"));
+        assert!(same_origin("http://[::1]:8080", "[::1]:8080"));
+        assert!(same_origin("http://localhost", "localhost"));
+        for (origin, host) in [
+            ("http://127.0.0.1:8081", "127.0.0.1:8080"),
+            ("http://127.0.0.1", "127.0.0.1:8080"),
+            ("https://127.0.0.1:8080", "127.0.0.1:8080"),
+            ("http://evil.example", "localhost"),
+            ("http://localhost.evil.example", "localhost"),
+            ("http://localhost:8080.evil.example", "localhost:8080"),
+            ("null", "localhost"),
+            ("http://", ""),
+            ("", ""),
+        ] {
+            assert!(!same_origin(origin, host), "{origin} from {host}");
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::guard::Access;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
-use crate::{guard, handlers, status, tokens};
+use crate::{guard, handlers, page, status, tokens};
 
 /// Limits and identity of the server.
 #[derive(Clone, Debug)]
@@ -175,10 +175,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
+        .route("/", get(page::chat_page))
         .route("/health", get(status::health))
         .merge(api)
         .fallback(|| async {
-            ApiError::not_found("no such route (see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
+            ApiError::not_found("no such route (see / for the chat page, /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
         })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), guard::access))

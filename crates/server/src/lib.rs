@@ -7,7 +7,8 @@
 //!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
 //!   their log-probabilities in OpenAI's shapes, `constrain` the grammar a request's
 //!   `response_format`, `json_schema` or `grammar` asks for, `tools` tool calls, `status` (`/health`, `/v1/models`,
-//!   `/metrics`) and `tokens` (`/tokenize`, `/detokenize`) the small routes; [`params`]
+//!   `/metrics`) and `tokens` (`/tokenize`, `/detokenize`) the small routes, `page` the
+//!   chat page at `/` (crates/server/assets/chat.html); [`params`]
 //!   the request bodies and their checks;
 //!   [`error`] OpenAI's error shape.
 //! - [`scheduler`]: the engine thread (slots, queue, chunked prefill between decode
@@ -27,6 +28,7 @@ pub mod http;
 pub mod job;
 mod logprobs;
 pub mod metrics;
+mod page;
 pub mod params;
 pub mod scheduler;
 mod status;
