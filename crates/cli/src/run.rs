@@ -146,7 +146,12 @@ pub struct Args {
     /// arrays, enum, const, strings with length limits, numbers with bounds, anyOf, $ref;
     /// a keyword it cannot enforce is refused by name). Properties come out in the
     /// schema's order. `{}` allows any JSON value.
-    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", group = "constraint")]
+    #[arg(
+        short = 'j',
+        long = "json-schema",
+        value_name = "SCHEMA",
+        group = "constraint"
+    )]
     pub json_schema: Option<String>,
 
     /// As --json-schema, the schema read from FILE.

@@ -694,7 +694,10 @@ mod tests {
         assert_eq!(s.sample(&logits).unwrap(), 0);
         // greedy on other logits picks "c" and the grammar goes on
         let mut s = Sampler::new(SamplerOptions {
-            grammar: Some(constraint(r#"root ::= "ab" "c"*"#, &["", "a", "b", "ab", "c"])),
+            grammar: Some(constraint(
+                r#"root ::= "ab" "c"*"#,
+                &["", "a", "b", "ab", "c"],
+            )),
             ..SamplerOptions::greedy()
         });
         let prefer_c = [0.0, 1.0, 0.0, 2.0, 5.0];

@@ -411,7 +411,11 @@ fn a_json_schema_holds_slots_and_generator_to_it() {
         grammar: Some(engine::Constraint::new(grammar, vocab)),
         ..SamplerOptions::greedy()
     };
-    let free = alone(&mut s, 0, request(prompt.clone(), 60, SamplerOptions::greedy()));
+    let free = alone(
+        &mut s,
+        0,
+        request(prompt.clone(), 60, SamplerOptions::greedy()),
+    );
     assert!(
         serde_json::from_str::<serde_json::Value>(free.text.trim()).is_err(),
         "the free answer is already JSON, the test shows nothing: {}",
@@ -427,10 +431,22 @@ fn a_json_schema_holds_slots_and_generator_to_it() {
         .iter()
         .map(|k| held.text.find(k).unwrap())
         .collect();
-    assert!(order.is_sorted(), "properties in the schema's order: {}", held.text);
-    assert!(v["name"].as_str().is_some_and(|n| n.chars().count() <= 20), "{v}");
+    assert!(
+        order.is_sorted(),
+        "properties in the schema's order: {}",
+        held.text
+    );
+    assert!(
+        v["name"].as_str().is_some_and(|n| n.chars().count() <= 20),
+        "{v}"
+    );
     assert!(["France", "Germany", "Italy"].contains(&v["country"].as_str().unwrap()));
-    assert!(v["population"].as_i64().is_some_and(|p| (0..=100).contains(&p)), "{v}");
+    assert!(
+        v["population"]
+            .as_i64()
+            .is_some_and(|p| (0..=100).contains(&p)),
+        "{v}"
+    );
 
     let loaded = load(&file, &LoadOptions::default()).unwrap();
     let mut gen = Generator::new(loaded.forward, tok);

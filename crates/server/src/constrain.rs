@@ -75,20 +75,24 @@ pub fn from_body(st: &AppState, body: &[u8]) -> Result<Option<Constraint>, ApiEr
 
 /// The constraint of a JSON schema the server wrote itself (a forced tool call's);
 /// `param` names the request field it came from.
-pub fn from_schema(st: &AppState, schema: &str, param: &'static str) -> Result<Constraint, ApiError> {
+pub fn from_schema(
+    st: &AppState,
+    schema: &str,
+    param: &'static str,
+) -> Result<Constraint, ApiError> {
     let grammar = CompiledGrammar::from_json_schema(schema)
         .map_err(|e| ApiError::bad_param(param, format!("{param}: {e}")))?;
     Ok(Constraint::new(Arc::new(grammar), st.grammar_vocab()))
 }
 
 fn wanted(body: &[u8]) -> Result<Option<Wanted<'_>>, ApiError> {
-    let f: Fields = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("response_format, json_schema or grammar: {e}")))?;
+    let f: Fields = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("response_format, json_schema or grammar: {e}"))
+    })?;
     let mut found = Vec::new();
     if let Some(rf) = f.response_format.and_then(|raw| non_null(raw)) {
-        let rf: ResponseFormat = serde_json::from_str(rf.get()).map_err(|e| {
-            ApiError::bad_param("response_format", format!("response_format: {e}"))
-        })?;
+        let rf: ResponseFormat = serde_json::from_str(rf.get())
+            .map_err(|e| ApiError::bad_param("response_format", format!("response_format: {e}")))?;
         match rf.kind.as_str() {
             "text" => {}
             "json_object" => found.push(match rf.schema.and_then(non_null) {
@@ -103,7 +107,10 @@ fn wanted(body: &[u8]) -> Result<Option<Wanted<'_>>, ApiError> {
                     )
                 })?;
                 let js: JsonSchemaFormat = serde_json::from_str(js.get()).map_err(|e| {
-                    ApiError::bad_param("response_format", format!("response_format.json_schema: {e}"))
+                    ApiError::bad_param(
+                        "response_format",
+                        format!("response_format.json_schema: {e}"),
+                    )
                 })?;
                 let schema = js.schema.and_then(non_null).ok_or_else(|| {
                     ApiError::bad_param(
@@ -113,12 +120,12 @@ fn wanted(body: &[u8]) -> Result<Option<Wanted<'_>>, ApiError> {
                 })?;
                 found.push(Wanted::Schema(schema.get(), "response_format"));
             }
-            other => {
-                return Err(ApiError::bad_param(
-                    "response_format",
-                    format!("response_format type {other:?} is not one of text, json_object, json_schema"),
-                ))
-            }
+            other => return Err(ApiError::bad_param(
+                "response_format",
+                format!(
+                    "response_format type {other:?} is not one of text, json_object, json_schema"
+                ),
+            )),
         }
     }
     if let Some(s) = f.json_schema.and_then(non_null) {
@@ -154,8 +161,14 @@ mod tests {
     #[test]
     fn each_way_to_ask_is_read() {
         assert_eq!(kind("{}").unwrap(), None);
-        assert_eq!(kind(r#"{"response_format": {"type": "text"}}"#).unwrap(), None);
-        assert_eq!(kind(r#"{"response_format": null, "grammar": ""}"#).unwrap(), None);
+        assert_eq!(
+            kind(r#"{"response_format": {"type": "text"}}"#).unwrap(),
+            None
+        );
+        assert_eq!(
+            kind(r#"{"response_format": null, "grammar": ""}"#).unwrap(),
+            None
+        );
         assert_eq!(
             kind(r#"{"response_format": {"type": "json_object"}}"#).unwrap(),
             Some("object".into())
@@ -166,7 +179,8 @@ mod tests {
             Some(r#"response_format:{"type":"object","properties":{"b":{},"a":{}}}"#.into())
         );
         assert_eq!(
-            kind(r#"{"response_format": {"type": "json_object", "schema": {"type": "integer"}}}"#).unwrap(),
+            kind(r#"{"response_format": {"type": "json_object", "schema": {"type": "integer"}}}"#)
+                .unwrap(),
             Some(r#"response_format:{"type": "integer"}"#.into())
         );
         assert_eq!(
@@ -182,8 +196,14 @@ mod tests {
     #[test]
     fn malformed_or_conflicting_asks_are_400s_naming_the_field() {
         for (body, param) in [
-            (r#"{"response_format": {"type": "xml"}}"#, Some("response_format")),
-            (r#"{"response_format": {"type": "json_schema"}}"#, Some("response_format")),
+            (
+                r#"{"response_format": {"type": "xml"}}"#,
+                Some("response_format"),
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema"}}"#,
+                Some("response_format"),
+            ),
             (
                 r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
                 Some("response_format"),
@@ -194,7 +214,9 @@ mod tests {
                 None,
             ),
         ] {
-            let e = kind(body).err().unwrap_or_else(|| panic!("{body} accepted"));
+            let e = kind(body)
+                .err()
+                .unwrap_or_else(|| panic!("{body} accepted"));
             assert_eq!(e.status.as_u16(), 400, "{body}");
             assert_eq!(e.param, param, "{body}");
         }

@@ -29,7 +29,6 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::conn::PeerEof;
 use crate::constrain;
-use crate::tools::{self, Call, Tools};
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
@@ -39,6 +38,7 @@ use crate::params::{
     cap_max_tokens, ChatMessage, ChatRequest, Checked, CompletionRequest, Endpoint, Prompt,
 };
 use crate::scheduler::SubmitError;
+use crate::tools::{self, Call, Tools};
 
 /// Which endpoint: they differ only in the shape of their answers.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -190,14 +190,12 @@ fn chat_messages(msgs: &[ChatMessage], tools: Option<&Tools>) -> Result<Vec<Mess
                     .map_or("a function", |c| c.function.name.as_str());
                 Message::new("user", format!("Result of {name} ({id}): {text}"))
             }
-            other => {
-                return Err(ApiError::bad_param(
-                    "messages",
-                    format!(
-                        "unsupported message role {other:?} (system, developer, user, assistant, tool)"
-                    ),
-                ))
-            }
+            other => return Err(ApiError::bad_param(
+                "messages",
+                format!(
+                    "unsupported message role {other:?} (system, developer, user, assistant, tool)"
+                ),
+            )),
         };
         messages.push(message);
     }
@@ -754,7 +752,9 @@ fn stream_answer(
                                 Some(a.head.call_choice(true, i, &call, logprobs.clone()))
                             }
                             None if held.is_empty() => None,
-                            None => Some(a.head.choice(true, i, Some(&held), logprobs.clone(), None)),
+                            None => {
+                                Some(a.head.choice(true, i, Some(&held), logprobs.clone(), None))
+                            }
                         };
                         if let Some(first) = first {
                             out.push_str(&sse(&a.head.wrap(true, json!([first]), None)));

@@ -94,15 +94,17 @@ impl Tools {
     /// The tools of a chat request body, or `None` when it has none (or `tool_choice` is
     /// `none`).
     pub fn from_body(body: &[u8]) -> Result<Option<Tools>, ApiError> {
-        let f: Fields =
-            serde_json::from_slice(body).map_err(|e| bad("tools", e))?;
+        let f: Fields = serde_json::from_slice(body).map_err(|e| bad("tools", e))?;
         let defs = f.tools.unwrap_or_default();
         let mut functions: Vec<Function> = Vec::with_capacity(defs.len());
         for d in defs {
             if d.kind != "function" {
                 return Err(bad(
                     "tools",
-                    format!("tools of type {:?} are not supported (function only)", d.kind),
+                    format!(
+                        "tools of type {:?} are not supported (function only)",
+                        d.kind
+                    ),
                 ));
             }
             let f = d
@@ -277,10 +279,20 @@ mod tests {
         assert_eq!(auto.call_schema(), None);
         let text = auto.system_text();
         assert!(text.contains(r#"{"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city""#), "{text}");
-        assert!(text.contains(r#"{"name": "get_time", "description": "", "parameters": {"type": "object"}}"#), "{text}");
+        assert!(
+            text.contains(
+                r#"{"name": "get_time", "description": "", "parameters": {"type": "object"}}"#
+            ),
+            "{text}"
+        );
         let req = tools("\"required\"").unwrap().unwrap();
         let schema = req.call_schema().unwrap();
-        assert!(schema.starts_with(r#"{"anyOf": [{"type": "object", "properties": {"name": {"const": "get_weather"}"#), "{schema}");
+        assert!(
+            schema.starts_with(
+                r#"{"anyOf": [{"type": "object", "properties": {"name": {"const": "get_weather"}"#
+            ),
+            "{schema}"
+        );
         grammar::CompiledGrammar::from_json_schema(&schema).unwrap();
         let named = tools(r#"{"type": "function", "function": {"name": "get_weather"}}"#)
             .unwrap()
@@ -295,7 +307,10 @@ mod tests {
         for (body, param) in [
             (r#"{"tools": [{"type": "retrieval"}]}"#, "tools"),
             (r#"{"tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"tools": [{"type": "function", "function": {"name": "a b"}}]}"#, "tools"),
+            (
+                r#"{"tools": [{"type": "function", "function": {"name": "a b"}}]}"#,
+                "tools",
+            ),
             (
                 r#"{"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}"#,
                 "tools",
@@ -324,8 +339,14 @@ mod tests {
         assert_eq!(call.name, "get_weather");
         // the model's own text, key order kept
         assert_eq!(call.arguments, r#"{"unit": "C", "city": "Paris"}"#);
-        assert_eq!(t.parse_call(r#"{"name": "get_news", "arguments": {}}"#), None);
-        assert_eq!(t.parse_call(r#"{"name": "get_time", "arguments": 3}"#), None);
+        assert_eq!(
+            t.parse_call(r#"{"name": "get_news", "arguments": {}}"#),
+            None
+        );
+        assert_eq!(
+            t.parse_call(r#"{"name": "get_time", "arguments": 3}"#),
+            None
+        );
         assert_eq!(t.parse_call("It is sunny."), None);
         assert_eq!(
             render_call("get_time", "not json"),
