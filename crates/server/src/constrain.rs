@@ -120,12 +120,14 @@ fn wanted(body: &[u8]) -> Result<Option<Wanted<'_>>, ApiError> {
                 })?;
                 found.push(Wanted::Schema(schema.get(), "response_format"));
             }
-            other => return Err(ApiError::bad_param(
-                "response_format",
-                format!(
+            other => {
+                return Err(ApiError::bad_param(
+                    "response_format",
+                    format!(
                     "response_format type {other:?} is not one of text, json_object, json_schema"
                 ),
-            )),
+                ))
+            }
         }
     }
     if let Some(s) = f.json_schema.and_then(non_null) {

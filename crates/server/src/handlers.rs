@@ -190,12 +190,14 @@ fn chat_messages(msgs: &[ChatMessage], tools: Option<&Tools>) -> Result<Vec<Mess
                     .map_or("a function", |c| c.function.name.as_str());
                 Message::new("user", format!("Result of {name} ({id}): {text}"))
             }
-            other => return Err(ApiError::bad_param(
-                "messages",
-                format!(
+            other => {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    format!(
                     "unsupported message role {other:?} (system, developer, user, assistant, tool)"
                 ),
-            )),
+                ))
+            }
         };
         messages.push(message);
     }
