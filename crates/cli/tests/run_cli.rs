@@ -279,6 +279,84 @@ fn bad_input_is_a_clear_error() {
     );
 }
 
+/// A grammar file holds the output to it: a bullet list from `grammars/list.gbnf` where
+/// the free answer is prose, an arithmetic expression from `grammars/arithmetic.gbnf`;
+/// a grammar that does not compile is refused with its line and column, before loading.
+#[test]
+fn a_grammar_file_holds_the_output() {
+    let grammars = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../grammars");
+    let m = q8();
+    let m = m.to_str().unwrap();
+    let prompt = "Name three fruits.";
+    let free = ok(&vkdecode(&[
+        "-m", m, "-p", prompt, "--chat", "-n", "40", "--temp", "0",
+    ]));
+    assert!(
+        !free.starts_with("- "),
+        "the free answer is already a list: {free:?}"
+    );
+    let list = grammars.join("list.gbnf");
+    let held = ok(&vkdecode(&[
+        "-m",
+        m,
+        "-p",
+        prompt,
+        "--chat",
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--grammar-file",
+        list.to_str().unwrap(),
+    ]));
+    let lines: Vec<&str> = held.trim_end_matches('\n').split('\n').collect();
+    assert!(!lines.is_empty() && lines.len() <= 10, "{held:?}");
+    for l in &lines {
+        assert!(l.starts_with("- ") && l.len() > 2, "{held:?}");
+    }
+    // sampled, too: whatever the seed, an expression
+    let arith = grammars.join("arithmetic.gbnf");
+    for seed in ["1", "2", "3"] {
+        let out = ok(&vkdecode(&[
+            "-m",
+            m,
+            "-p",
+            "What is six times seven? Write it as a sum.",
+            "--chat",
+            "-n",
+            "12",
+            "--temp",
+            "1.0",
+            "--seed",
+            seed,
+            "--grammar-file",
+            arith.to_str().unwrap(),
+        ]));
+        let expr = out.trim_end_matches('\n');
+        assert!(
+            !expr.is_empty()
+                && expr
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || " +-*/()".contains(c)),
+            "seed {seed}: {out:?}"
+        );
+    }
+    let dir = tempdir();
+    let bad = dir.join("bad.gbnf");
+    std::fs::write(&bad, "root ::= item\nitem ::= \"a\" | [z-a]\n").unwrap();
+    let out = vkdecode(&["-m", m, "-p", "x", "--grammar-file", bad.to_str().unwrap()]);
+    fails_with(&out, "line 2, column 18: empty character range");
+    let out = vkdecode(&[
+        "-m",
+        m,
+        "-p",
+        "x",
+        "--json-schema",
+        r#"{"type": "string", "format": "email"}"#,
+    ]);
+    fails_with(&out, "unsupported keyword `format`");
+}
+
 #[test]
 fn context_full_stops_with_a_message() {
     let out = vkdecode(&[

@@ -202,6 +202,17 @@ for choice in [{"type": "function", "function": {"name": "get_weather"}}, "requi
     else:
         assert args == {}, args
 results["tool_call"] = [call.function.name, call.function.arguments]
+# auto: the model chooses; either a call that parses or a plain answer, never a mix
+for tools_given in ([weather, clock], [weather]):
+    r = client.chat.completions.create(
+        model=model, messages=ask, max_tokens=60, temperature=0, tools=tools_given, tool_choice="auto"
+    )
+    m = r.choices[0].message
+    if m.tool_calls:
+        assert r.choices[0].finish_reason == "tool_calls" and m.content is None, r.choices[0]
+        json.loads(m.tool_calls[0].function.arguments)
+    else:
+        assert m.content and r.choices[0].finish_reason in ("stop", "length"), r.choices[0]
 # streamed: the same call, in one delta
 calls, finishes = [], []
 for chunk in client.chat.completions.create(

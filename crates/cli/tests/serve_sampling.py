@@ -8,6 +8,7 @@ import os
 import urllib.request
 from collections import Counter
 
+import jsonschema
 import openai
 
 base = os.environ["BASE_URL"]
@@ -44,6 +45,7 @@ def token_id(text):
 
 
 logprob_requests = metric("vkdecode_logprob_requests_total")
+constrained_requests = metric("vkdecode_constrained_requests_total")
 results = {}
 
 # chat logprobs, greedy: the chosen token is the best of its top list, probabilities sum
@@ -190,6 +192,43 @@ try:
     raise SystemExit("top_logprobs 21 was accepted")
 except openai.BadRequestError as err:
     assert err.body["param"] == "top_logprobs", err.body
+
+# structured output while sampling: 5 seeds at temperature 1.0, every answer parses and
+# validates against the schema (the jsonschema package)
+person = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "languages": {"type": "array", "items": {"enum": ["English", "French", "German"]}, "minItems": 1, "maxItems": 3},
+        "employed": {"type": "boolean"},
+        "email": {"anyOf": [{"type": "string", "maxLength": 40}, {"type": "null"}]},
+    },
+    "required": ["name", "age", "languages", "employed", "email"],
+    "additionalProperties": False,
+}
+fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": person}}
+answers = set()
+for seed in range(5):
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Describe a person in JSON."}],
+        max_tokens=120, temperature=1.0, seed=seed, response_format=fmt,
+    )
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", (seed, r.choices[0].finish_reason, text)
+    jsonschema.validate(json.loads(text), person)
+    answers.add(text)
+assert len(answers) > 1, answers
+# json_object: any object, at temperature 1.0 too
+for seed in range(3):
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "A cat, as JSON."}],
+        max_tokens=120, temperature=1.0, seed=seed, response_format={"type": "json_object"},
+    )
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0].message.content
+assert metric("vkdecode_constrained_requests_total") == constrained_requests + 8, metric(
+    "vkdecode_constrained_requests_total")
 
 # every request above with logprobs counted once
 assert metric("vkdecode_logprob_requests_total") == logprob_requests + 9, metric(

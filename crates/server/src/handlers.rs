@@ -294,6 +294,9 @@ async fn generate(
     if c.sampler.logprobs.is_some() {
         Metrics::add(&st.metrics.logprob_requests, 1);
     }
+    if c.sampler.grammar.is_some() {
+        Metrics::add(&st.metrics.constrained_requests, 1);
+    }
     let head = Head {
         id: format!(
             "{}-{}",

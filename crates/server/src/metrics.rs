@@ -48,6 +48,9 @@ pub struct Metrics {
     pub slots_total: AtomicU64,
     /// Generation requests that asked for log-probabilities.
     pub logprob_requests: AtomicU64,
+    /// Generation requests held to a grammar (`response_format`, `json_schema`,
+    /// `grammar`, a forced tool call).
+    pub constrained_requests: AtomicU64,
 }
 
 impl Metrics {
@@ -95,7 +98,7 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE vkdecode_{name} {kind}");
             let _ = writeln!(out, "vkdecode_{name} {value}");
         };
-        let rows: [(&str, &str, &str, String); 21] = [
+        let rows: [(&str, &str, &str, String); 22] = [
             ("requests_total", "counter", "Generation requests accepted into the queue.", g(&self.requests).to_string()),
             ("requests_failed_total", "counter", "Requests answered with an error status.", g(&self.requests_failed).to_string()),
             ("requests_rejected_busy_total", "counter", "Requests refused because the queue was full.", g(&self.requests_rejected_busy).to_string()),
@@ -117,6 +120,7 @@ impl Metrics {
             ("slots_total", "gauge", "Slots (--parallel).", g(&self.slots_total).to_string()),
             ("decode_tokens_total", "counter", "Tokens produced by decode steps.", g(&self.decode_tokens).to_string()),
             ("logprob_requests_total", "counter", "Generation requests that asked for log-probabilities.", g(&self.logprob_requests).to_string()),
+            ("constrained_requests_total", "counter", "Generation requests held to a grammar (response_format, json_schema, grammar, a forced tool call).", g(&self.constrained_requests).to_string()),
         ];
         for (name, kind, help, value) in rows {
             metric(name, kind, help, value);
