@@ -223,7 +223,10 @@ pub struct Args {
     #[arg(long = "no-column-split")]
     pub no_column_split: bool,
 
-    /// Keep generating past end-of-generation tokens (for benchmarks with a fixed -n).
+    /// Never end generation: the end-of-generation tokens are banned (as llama.cpp does),
+    /// so the best other token is taken where the model would end (for benchmarks with a
+    /// fixed -n). Greedy decoding keeps the GPU's argmax and reads the logits only at the
+    /// steps where it picks a banned token.
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
 

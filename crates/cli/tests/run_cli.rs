@@ -357,6 +357,54 @@ fn a_grammar_file_holds_the_output() {
     fails_with(&out, "unsupported keyword `format`");
 }
 
+/// `--ignore-eos` bans the end-of-generation tokens, as llama.cpp does: the answer goes
+/// on with the best other token, and no `<|im_end|>` text lands in it (it did when the
+/// end token was sampled and skipped).
+#[test]
+fn ignore_eos_bans_the_end_tokens() {
+    let dir = tempdir();
+    let stats = dir.join("stats.json");
+    let m = q8();
+    let out = ok(&vkdecode(&[
+        "-m",
+        m.to_str().unwrap(),
+        "--chat",
+        "-p",
+        "Say hi.",
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]));
+    assert!(
+        !out.contains("<|im_end|>") && !out.contains("<|im_start|>"),
+        "{out:?}"
+    );
+    assert_eq!(read_json(&stats)["n_generated"], 40, "{out:?}");
+    // without it, the same prompt ends early
+    let out = ok(&vkdecode(&[
+        "-m",
+        m.to_str().unwrap(),
+        "--chat",
+        "-p",
+        "Say hi.",
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]));
+    let n = read_json(&stats)["n_generated"].as_u64().unwrap();
+    assert!(
+        n < 40,
+        "the model did not end by itself ({n} tokens): the test shows nothing: {out:?}"
+    );
+}
+
 #[test]
 fn context_full_stops_with_a_message() {
     let out = vkdecode(&[

@@ -227,7 +227,7 @@ impl Generator {
                 .as_ref()
                 .is_some_and(|c| c.load(Ordering::SeqCst))
         };
-        let mut sampler = Sampler::new(opts.sampler.clone());
+        let mut sampler = Sampler::new(sampler_options(&opts.sampler, opts.ignore_eos, &self.tok));
         for &id in prompt {
             sampler.accept(id);
         }
@@ -308,10 +308,17 @@ impl Generator {
     ) -> Result<u32, GenerateError> {
         let pos = self.forward.pos();
         if greedy {
-            return match feed {
-                None => self.forward.last_argmax(),
-                Some(t) => self.forward.decode_argmax(t),
+            let t = match feed {
+                None => self.forward.last_argmax()?,
+                Some(t) => self.forward.decode_argmax(t)?,
             };
+            if !sampler.bans(t) {
+                return Ok(t);
+            }
+            // a banned token won the argmax: the first maximum of the rest
+            let logits = self.forward.last_logits()?;
+            check_finite(logits, pos)?;
+            return Ok(sampler.sample(logits)?);
         }
         let logits = match feed {
             None => self.forward.last_logits()?,
@@ -320,6 +327,23 @@ impl Generator {
         check_finite(logits, pos)?;
         Ok(sampler.sample(logits)?)
     }
+}
+
+/// The sampler's options for a request: with `ignore_eos`, the end-of-generation tokens
+/// are banned (a bias of `-inf`), as llama.cpp does, so generation goes on with the best
+/// other token rather than past an end token whose text would show.
+pub(crate) fn sampler_options(
+    opts: &SamplerOptions,
+    ignore_eos: bool,
+    tok: &Tokenizer,
+) -> SamplerOptions {
+    let mut opts = opts.clone();
+    if ignore_eos {
+        for &e in tok.eog_ids() {
+            opts.logit_bias.push((e, f32::NEG_INFINITY));
+        }
+    }
+    opts
 }
 
 pub(crate) fn ms(since: Instant) -> f64 {

@@ -194,13 +194,37 @@ impl Sampler {
 
     /// True when the choice is the plain argmax of the logits, so the engine can take the
     /// argmax on the GPU and read back 4 bytes instead of the logits (not when a bias, a
-    /// penalty, a grammar or log-probabilities need the logits themselves).
+    /// penalty, a grammar or log-probabilities need the logits themselves). Banned tokens
+    /// (a bias of `-inf`, as `ignore_eos` bans the end-of-generation tokens) keep it
+    /// greedy: when the GPU's argmax is one of them ([`Sampler::bans`]), the caller reads
+    /// the logits and calls [`Sampler::sample`], which takes the first maximum of the rest
+    /// (the same token masking first would give).
     pub fn is_greedy(&self) -> bool {
         self.opts.temperature <= 0.0
             && !self.penalises()
-            && self.opts.logit_bias.is_empty()
+            && self
+                .opts
+                .logit_bias
+                .iter()
+                .all(|&(_, b)| b == f32::NEG_INFINITY)
             && self.opts.logprobs.is_none()
             && self.opts.grammar.is_none()
+    }
+
+    /// Whether `token` is banned (a bias of `-inf`).
+    pub fn bans(&self, token: u32) -> bool {
+        self.opts
+            .logit_bias
+            .iter()
+            .any(|&(t, b)| t == token && b == f32::NEG_INFINITY)
+    }
+
+    /// Whether any token is banned: a greedy choice may then need the logits.
+    pub fn has_bans(&self) -> bool {
+        self.opts
+            .logit_bias
+            .iter()
+            .any(|&(_, b)| b == f32::NEG_INFINITY)
     }
 
     fn penalises(&self) -> bool {
@@ -626,8 +650,14 @@ mod tests {
             logit_bias: vec![(0, f32::NEG_INFINITY)],
             ..SamplerOptions::greedy()
         });
-        assert!(!s.is_greedy());
+        // a ban keeps the GPU's argmax, with the logits read when it picks the banned token
+        assert!(s.is_greedy() && s.has_bans() && s.bans(0) && !s.bans(1));
         assert_eq!(s.sample(&[4.0, 2.6, 2.0]).unwrap(), 1);
+        let s = Sampler::new(SamplerOptions {
+            logit_bias: vec![(0, f32::NEG_INFINITY), (1, 0.5)],
+            ..SamplerOptions::greedy()
+        });
+        assert!(!s.is_greedy(), "a finite bias needs the logits");
         let mut s = Sampler::new(SamplerOptions {
             logit_bias: vec![(2, 100.0)],
             ..SamplerOptions::default()

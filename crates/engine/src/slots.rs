@@ -334,7 +334,7 @@ impl Slots {
         s.last_used = self.counters.requests;
         self.counters.prompt_tokens += req.prompt.len() as u64;
         self.counters.reused_tokens += reused as u64;
-        s.job = Some(Job::new(req, reused));
+        s.job = Some(Job::new(req, reused, &self.tok));
         Ok(Admission { reused, to_prefill })
     }
 
@@ -428,7 +428,7 @@ impl Slots {
             let job = self.slots[i].job.as_ref().expect("busy");
             let token = job.to_feed().expect("a decoding slot has a token to feed");
             items.push((i, token));
-            keep_logits |= !job.greedy();
+            keep_logits |= !job.greedy() || job.has_bans();
         }
         let mm = self.batch_kernel == BatchKernel::MatrixMatrix;
         self.session.decode_batch(&items, keep_logits, mm)?;
@@ -436,10 +436,14 @@ impl Slots {
             let slot = &mut self.slots[i];
             let job = slot.job.as_mut().expect("busy");
             let chosen = job.fed_token(&mut slot.cached, &mut report).and_then(|_| {
-                if job.greedy() {
-                    Ok(self.session.batch_argmax(k, i)?)
+                let pos = slot.cached.len() - 1;
+                let argmax = match job.greedy() {
+                    true => Some(self.session.batch_argmax(k, i)?),
+                    false => None,
+                };
+                if let Some(t) = argmax.filter(|&t| !job.bans(t)) {
+                    Ok(t)
                 } else {
-                    let pos = slot.cached.len() - 1;
                     let logits = self.session.batch_logits(k)?;
                     job.sample(logits, pos)
                 }

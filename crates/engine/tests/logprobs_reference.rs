@@ -78,6 +78,11 @@ fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
             .unwrap()
             .to_vec();
     }
+    // ignore_eos bans the end-of-generation tokens: part of the shaping too
+    let tok = tokenizer::Tokenizer::from_gguf(file.gguf()).unwrap();
+    assert!(!tok.eog_ids().is_empty());
+    let mut bias = bias;
+    bias.extend(tok.eog_ids().iter().map(|&e| (e, f32::NEG_INFINITY)));
     let mut seen = prompt.clone();
     for (step, lp) in got.iter().enumerate() {
         // the shaping by hand: bias, then llama.cpp's penalties over the window (the

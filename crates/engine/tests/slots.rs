@@ -461,3 +461,60 @@ fn a_json_schema_holds_slots_and_generator_to_it() {
     assert_eq!(one_shot.ids, held.ids);
     assert_eq!(one_shot.stop, StopReason::Eog);
 }
+
+/// `ignore_eos` bans the end-of-generation tokens: batched, unbatched and the one-shot
+/// generator give the same ids, none of them an end token, for a chat prompt whose free
+/// greedy answer ends early.
+#[test]
+fn ignore_eos_bans_the_end_tokens_on_every_path() {
+    let file = open();
+    let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).unwrap());
+    let template = tokenizer::ChatTemplate::from_gguf(file.gguf())
+        .unwrap()
+        .unwrap();
+    let prompt = engine::generate::chat_prompt_ids(
+        &tok,
+        &template,
+        &[Message::new("user", "Say hi.")],
+        false,
+    )
+    .unwrap();
+    let n = 40;
+    let mut unbatched = slots(&file, 1, false);
+    let free = alone(
+        &mut unbatched,
+        0,
+        request(prompt.clone(), n, SamplerOptions::greedy()),
+    );
+    assert!(
+        free.ids.len() < n,
+        "the free answer does not end: {}",
+        free.text
+    );
+    let banned = Request {
+        ignore_eos: true,
+        ..request(prompt.clone(), n, SamplerOptions::greedy())
+    };
+    let a = alone(&mut unbatched, 0, banned.clone());
+    assert_eq!(a.ids.len(), n);
+    assert!(a.ids.iter().all(|&t| !tok.is_eog(t)), "{:?}", a.ids);
+    assert!(!a.text.contains("<|im_end|>"), "{}", a.text);
+    // the ids up to where the free answer ended are the free answer's
+    assert_eq!(a.ids[..free.ids.len()], free.ids[..]);
+    let mut batched = slots(&file, 2, true);
+    batched.set_batch_kernel(BatchKernel::PerToken);
+    let b = alone(&mut batched, 1, banned);
+    assert_eq!(b.ids, a.ids);
+    let loaded = load(&file, &LoadOptions::default()).unwrap();
+    let mut gen = Generator::new(loaded.forward, tok);
+    let opts = GenerateOptions {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        sampler: SamplerOptions::greedy(),
+        ..Default::default()
+    };
+    let g = gen
+        .generate(&prompt, &opts, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(g.ids, a.ids);
+}

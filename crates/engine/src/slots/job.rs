@@ -10,7 +10,9 @@ use std::time::Instant;
 use tokenizer::Tokenizer;
 
 use super::{Completion, Request, StepReport, Usage};
-use crate::generate::{check_finite, ms, Event, GenerateError, Output, Push, StopReason};
+use crate::generate::{
+    check_finite, ms, sampler_options, Event, GenerateError, Output, Push, StopReason,
+};
 use crate::sampling::{Sampler, TokenLogprob};
 use crate::session::Session;
 
@@ -32,8 +34,8 @@ pub(super) struct Job {
 }
 
 impl Job {
-    pub fn new(req: Request, reused: usize) -> Job {
-        let mut sampler = Sampler::new(req.sampler);
+    pub fn new(req: Request, reused: usize, tok: &Tokenizer) -> Job {
+        let mut sampler = Sampler::new(sampler_options(&req.sampler, req.ignore_eos, tok));
         for &id in &req.prompt {
             sampler.accept(id);
         }
@@ -61,6 +63,16 @@ impl Job {
         self.sampler.is_greedy()
     }
 
+    /// Whether `token` is banned: a greedy argmax that picks it is replaced by a draw
+    /// from the logits.
+    pub fn bans(&self, token: u32) -> bool {
+        self.sampler.bans(token)
+    }
+
+    pub fn has_bans(&self) -> bool {
+        self.sampler.has_bans()
+    }
+
     /// The token the next decode step feeds.
     pub fn to_feed(&self) -> Option<u32> {
         self.next
@@ -83,12 +95,17 @@ impl Job {
         if end < self.prompt.len() {
             return Ok(None);
         }
-        let next = if self.greedy() {
-            session.last_argmax()?
-        } else {
-            let pos = session.pos();
-            let logits = session.last_logits()?;
-            self.sample(logits, pos)?
+        let argmax = match self.greedy() {
+            true => Some(session.last_argmax()?),
+            false => None,
+        };
+        let next = match argmax.filter(|&t| !self.bans(t)) {
+            Some(t) => t,
+            None => {
+                let pos = session.pos();
+                let logits = session.last_logits()?;
+                self.sample(logits, pos)?
+            }
         };
         Ok(Some(next))
     }
@@ -102,10 +119,15 @@ impl Job {
         report: &mut StepReport,
     ) -> Result<u32, GenerateError> {
         let t = self.fed_token(cached, report)?;
-        if self.greedy() {
-            return Ok(session.decode_argmax(t)?);
-        }
         let pos = session.pos();
+        if self.greedy() {
+            let next = session.decode_argmax(t)?;
+            if !self.bans(next) {
+                return Ok(next);
+            }
+            let logits = session.last_logits()?;
+            return self.sample(logits, pos);
+        }
         let logits = session.decode_logits(t)?;
         self.sample(logits, pos)
     }
