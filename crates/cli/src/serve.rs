@@ -99,6 +99,26 @@ pub struct Args {
     #[arg(long = "shutdown-grace", default_value_t = 1.0)]
     pub shutdown_grace: f64,
 
+    /// The seed of requests that give none (default: from the clock per request), as
+    /// llama-server's --seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// The max_tokens of requests that give none (-1: until the end or a full context),
+    /// as llama-server's -n.
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = -1,
+        allow_negative_numbers = true
+    )]
+    pub n_predict: i64,
+
+    /// A chat template (Jinja, as in tokenizer.chat_template) to use instead of the
+    /// model's own.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+
     /// Vulkan device index (see `vkdecode info`).
     #[arg(long)]
     pub device: Option<usize>,
@@ -113,6 +133,11 @@ pub fn run(args: Args) -> Result<()> {
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
+    let n_predict = match args.n_predict {
+        -1 => None,
+        n if n >= 1 => Some(n as usize),
+        n => bail!("-n/--n-predict must be -1 (no limit) or at least 1 (got {n})"),
+    };
     if args.queue == 0 {
         bail!("--queue must be at least 1");
     }
@@ -158,8 +183,18 @@ pub fn run(args: Args) -> Result<()> {
     );
     // a SIGBUS in the mapping (the file shrank under the server) names the file, exit 74
     engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let template = tokenizer::ChatTemplate::from_gguf(file.gguf())
-        .context("reading the model's chat template")?;
+    let template = match &args.chat_template_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("--chat-template-file: cannot read {}", f.display()))?;
+            Some(
+                tokenizer::ChatTemplate::new(text)
+                    .with_context(|| format!("--chat-template-file {}", f.display()))?,
+            )
+        }
+        None => tokenizer::ChatTemplate::from_gguf(file.gguf())
+            .context("reading the model's chat template")?,
+    };
     if template.is_none() {
         errln!("note: the model has no chat template: /v1/chat/completions answers 400, use /v1/completions");
     }
@@ -235,6 +270,9 @@ pub fn run(args: Args) -> Result<()> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
         access,
         limits,
+        seed: args.seed,
+        n_predict,
+        model_path: path.display().to_string(),
     };
     let state = Arc::new(server::AppState::new(
         opts, scheduler, tok, template, metrics,

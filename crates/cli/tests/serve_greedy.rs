@@ -85,3 +85,140 @@ fn greedy_output_equals_the_cli_and_is_batch_invariant() {
     assert_eq!(s.metric("vkdecode_slots_busy"), 0.0);
     assert_eq!(s.metric("vkdecode_requests_finished_total"), 17.0);
 }
+
+/// llama-server's own surface, as its clients use it: `/completion` (whole and streamed,
+/// `n_probs`, a stop word), `/props`, `/slots`, `/apply-template`, the un-prefixed
+/// OpenAI routes, and the server flags `--seed`, `-n` and `--chat-template-file`.
+#[test]
+fn llama_server_routes_and_flags() {
+    let dir = std::env::temp_dir().join(format!("vkdecode-llama-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template_file = dir.join("template.jinja");
+    let template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+    std::fs::write(&template_file, template).unwrap();
+    let s = Server::start(&[
+        "--parallel",
+        "2",
+        "-c",
+        "256",
+        "--seed",
+        "5",
+        "-n",
+        "6",
+        "--chat-template-file",
+        template_file.to_str().unwrap(),
+    ]);
+    let prompt = "The capital of France is";
+    let want = cli_greedy(prompt, 8, &[]);
+
+    // /completion: llama-server's names in and out
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 8, "temperature": 0, "n_probs": 2, "cache_prompt": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["content"], want.as_str(), "{v}");
+    assert_eq!(v["tokens_predicted"], 8);
+    assert_eq!(
+        (v["stop"].as_bool(), v["stop_type"].as_str()),
+        (Some(true), Some("limit"))
+    );
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 8);
+    for p in probs {
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2, "{p}");
+        assert_eq!(
+            top[0]["id"], p["id"],
+            "greedy: the chosen token is the best"
+        );
+        assert!(p["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    // streamed: the same text, then a last object with the summary
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": true}),
+    );
+    let events: Vec<serde_json::Value> = r
+        .events()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let last = events.last().unwrap();
+    assert_eq!(last["stop"], true, "{last}");
+    assert_eq!(last["tokens_predicted"], 8);
+    let text: String = events
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, want);
+    // a stop word, token ids as the prompt
+    let ids = s.post("/tokenize", &json!({"content": prompt})).json()["tokens"].clone();
+    let cut = want.trim_start().chars().take(3).collect::<String>();
+    let r = s.post(
+        "/completion",
+        &json!({"prompt": ids, "n_predict": 8, "temperature": 0, "stop": [cut]}),
+    );
+    let v = r.json();
+    assert_eq!(
+        (v["stop_type"].as_str(), v["stopping_word"].as_str()),
+        (Some("word"), Some(cut.as_str())),
+        "{v}"
+    );
+    assert!(want.starts_with(v["content"].as_str().unwrap()), "{v}");
+    assert_eq!(
+        s.post("/completion", &json!({"prompt": "x", "n_predict": 0}))
+            .status,
+        400
+    );
+    assert_eq!(s.post("/completion", &json!({"n_predict": 3})).status, 400);
+
+    // -n is the default length; --seed makes unseeded sampling reproducible
+    let r = s.post(
+        "/completions",
+        &json!({"prompt": "Once upon a time", "temperature": 1.0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = r.json();
+    assert_eq!(a["usage"]["completion_tokens"], 6, "{a}");
+    let b = s
+        .post(
+            "/completions",
+            &json!({"prompt": "Once upon a time", "temperature": 1.0}),
+        )
+        .json();
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+
+    // the template from the file renders /apply-template and /chat/completions
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let r = s.post("/apply-template", &json!({"messages": msgs}));
+    assert_eq!(
+        r.json()["prompt"],
+        "[user] Hi\n[assistant] ",
+        "{}",
+        r.text()
+    );
+    let r = s.post(
+        "/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["object"], "chat.completion");
+
+    // /props and /slots describe the server; /models is /v1/models
+    let p = s.get("/props").json();
+    assert_eq!(p["total_slots"], 2, "{p}");
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 256);
+    assert_eq!(p["default_generation_settings"]["params"]["n_predict"], 6);
+    assert_eq!(p["chat_template"], template);
+    let slots = s.get("/slots").json();
+    assert_eq!(slots.as_array().unwrap().len(), 2, "{slots}");
+    assert!(slots
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x["is_processing"] == false && x["n_ctx"] == 256));
+    assert_eq!(s.get("/models").json(), s.get("/v1/models").json());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -65,9 +65,9 @@ pub async fn chat(
     let run = async {
         let (req, text): (ChatRequest, _) = st.read_json_and_text(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let mut checked = req
-            .sampling
-            .check(fresh_seed(), Endpoint::Chat, st.tok.vocab_size())?;
+        let mut checked =
+            req.sampling
+                .check(st.default_seed(), Endpoint::Chat, st.tok.vocab_size())?;
         checked.sampler.grammar = constrain::from_body(&st, &text)?;
         let tools = Tools::from_body(&text)?;
         if let Some(schema) = tools.as_ref().and_then(Tools::call_schema) {
@@ -114,9 +114,11 @@ pub async fn completions(
     let run = async {
         let (req, text): (CompletionRequest, _) = st.read_json_and_text(&headers, body).await?;
         st.check_model(req.model.as_deref())?;
-        let mut checked =
-            req.sampling
-                .check(fresh_seed(), Endpoint::Completions, st.tok.vocab_size())?;
+        let mut checked = req.sampling.check(
+            st.default_seed(),
+            Endpoint::Completions,
+            st.tok.vocab_size(),
+        )?;
         checked.sampler.grammar = constrain::from_body(&st, &text)?;
         if checked.echo && checked.sampler.logprobs.is_some() {
             return Err(ApiError::bad_param(
@@ -221,12 +223,31 @@ fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
         .map_err(|e| ApiError::bad_param("prompt", e.to_string()))
 }
 
-/// A seed for requests that give none.
-fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+/// `POST /apply-template` (llama-server's): the prompt text the chat template makes of
+/// `messages` (and `tools`), as `/v1/chat/completions` would run it.
+pub async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Req {
+        messages: Vec<ChatMessage>,
+    }
+    let run = async {
+        let (req, text): (Req, _) = st.read_json_and_text(&headers, body).await?;
+        let tools = Tools::from_body(&text)?;
+        let messages = chat_messages(&req.messages, tools.as_ref())?;
+        let template = st.template.as_ref().ok_or_else(|| {
+            ApiError::bad_request("the model has no chat template (tokenizer.chat_template)")
+        })?;
+        let piece = |id: Option<u32>| id.and_then(|i| st.tok.piece(i)).unwrap_or("").to_string();
+        let prompt = template
+            .render(&messages, true, &piece(st.tok.bos()), &piece(st.tok.eos()))
+            .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        Ok::<_, ApiError>(axum::Json(json!({ "prompt": prompt })).into_response())
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Queues one job per choice and answers. Each job's events are forwarded, tagged with
@@ -244,7 +265,8 @@ async fn generate(
         Kind::Chat => "messages",
         Kind::Completion => "prompt",
     };
-    let max_tokens = match cap_max_tokens(c.max_tokens, prompt.len(), st.opts.ctx_len, field) {
+    let asked = c.max_tokens.or(st.opts.n_predict);
+    let max_tokens = match cap_max_tokens(asked, prompt.len(), st.opts.ctx_len, field) {
         Ok(m) => m,
         Err(e) => return e.into_response(),
     };

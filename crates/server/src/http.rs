@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::guard::Access;
 use crate::metrics::Metrics;
 use crate::scheduler::Scheduler;
-use crate::{guard, handlers, page, status, tokens};
+use crate::{guard, handlers, native, page, status, tokens};
 
 /// Limits and identity of the server.
 #[derive(Clone, Debug)]
@@ -45,6 +45,13 @@ pub struct ServerOptions {
     pub access: Access,
     /// Connection deadlines and cap.
     pub limits: ConnLimits,
+    /// The seed of requests that give none (`--seed`; `None`: from the clock).
+    pub seed: Option<u64>,
+    /// The `max_tokens` of requests that give none (`-n`; `None`: until the end or a
+    /// full context).
+    pub n_predict: Option<usize>,
+    /// The model file, as given (`/props`).
+    pub model_path: String,
 }
 
 /// What every handler sees.
@@ -82,6 +89,16 @@ impl AppState {
             next_id: AtomicU64::new(1),
             grammar_vocab: OnceLock::new(),
         }
+    }
+
+    /// The seed of a request that gives none: `--seed`, or the clock.
+    pub fn default_seed(&self) -> u64 {
+        self.opts.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        })
     }
 
     /// The tokenizer's vocabulary as the grammar matcher reads it (built once).
@@ -170,6 +187,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(status::models))
+        // llama-server's un-prefixed names and its own routes
+        .route("/chat/completions", post(handlers::chat))
+        .route("/completions", post(handlers::completions))
+        .route("/completion", post(native::completion))
+        .route("/models", get(status::models))
+        .route("/props", get(status::props))
+        .route("/slots", get(status::slots))
+        .route("/apply-template", post(handlers::apply_template))
         .route("/metrics", get(status::metrics))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
@@ -179,7 +204,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(status::health))
         .merge(api)
         .fallback(|| async {
-            ApiError::not_found("no such route (see / for the chat page, /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /tokenize, /detokenize)", None)
+            ApiError::not_found("no such route (see / for the chat page, /v1/models, /v1/chat/completions, /v1/completions, /completion, /props, /slots, /apply-template, /health, /metrics, /tokenize, /detokenize)", None)
         })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), guard::access))

@@ -10,8 +10,10 @@ pub use crate::backend::Usage;
 /// Why a request's generation ended (OpenAI's `finish_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
-    /// An end-of-generation token or a stop string.
+    /// An end-of-generation token.
     Stop,
+    /// A stop string (OpenAI's `stop` too; llama-server's `stop_type: "word"`).
+    Word,
     /// `max_tokens` (or the context, which caps it) reached.
     Length,
 }
@@ -19,7 +21,7 @@ pub enum Finish {
 impl Finish {
     pub fn as_str(self) -> &'static str {
         match self {
-            Finish::Stop => "stop",
+            Finish::Stop | Finish::Word => "stop",
             Finish::Length => "length",
         }
     }

@@ -6,7 +6,8 @@
 //!   out (Host, Origin and CORS, JSON bodies);
 //!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
 //!   their log-probabilities in OpenAI's shapes, `constrain` the grammar a request's
-//!   `response_format`, `json_schema` or `grammar` asks for, `tools` tool calls, `status` (`/health`, `/v1/models`,
+//!   `response_format`, `json_schema` or `grammar` asks for, `tools` tool calls,
+//!   `native` llama-server's own `/completion`, `status` (`/health`, `/v1/models`,
 //!   `/metrics`) and `tokens` (`/tokenize`, `/detokenize`) the small routes, `page` the
 //!   chat page at `/` (crates/server/assets/chat.html); [`params`]
 //!   the request bodies and their checks;
@@ -28,6 +29,7 @@ pub mod http;
 pub mod job;
 mod logprobs;
 pub mod metrics;
+mod native;
 mod page;
 pub mod params;
 pub mod scheduler;

@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Generation requests held to a grammar (`response_format`, `json_schema`,
     /// `grammar`, a forced tool call).
     pub constrained_requests: AtomicU64,
+    /// Which slots run a request (for `/slots`), set with the busy gauge.
+    pub slot_busy: std::sync::Mutex<Vec<bool>>,
 }
 
 impl Metrics {
@@ -62,10 +64,20 @@ impl Metrics {
         gauge.store(v, Ordering::Relaxed);
     }
 
-    /// Sets the busy-slot gauge and its peak.
-    pub fn set_busy(&self, n: u64) {
+    /// Sets which slots are busy, the busy-slot gauge and its peak.
+    pub fn set_busy(&self, busy: impl Iterator<Item = bool>) {
+        let busy: Vec<bool> = busy.collect();
+        let n = busy.iter().filter(|&&b| b).count() as u64;
+        if let Ok(mut s) = self.slot_busy.lock() {
+            *s = busy;
+        }
         Self::set(&self.slots_busy, n);
         self.slots_busy_peak.fetch_max(n, Ordering::Relaxed);
+    }
+
+    /// Whether each slot runs a request now.
+    pub fn slot_busy(&self) -> Vec<bool> {
+        self.slot_busy.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     pub fn get(v: &AtomicU64) -> u64 {

@@ -168,6 +168,7 @@ impl<E: SlotEngine> Loop<E> {
     ) -> Loop<E> {
         let n = engine.n_slots();
         Metrics::set(&metrics.slots_total, n as u64);
+        metrics.set_busy((0..n).map(|_| false));
         Loop {
             engine,
             metrics,
@@ -219,7 +220,8 @@ impl<E: SlotEngine> Loop<E> {
                 self.fail_queue(&rx, &msg);
                 return;
             }
-            self.metrics.set_busy(self.engine.busy() as u64);
+            self.metrics
+                .set_busy(self.slots.iter().map(Option::is_some));
         }
     }
 
@@ -267,7 +269,8 @@ impl<E: SlotEngine> Loop<E> {
                     admitted: Instant::now(),
                     cancelled_because: None,
                 });
-                self.metrics.set_busy(self.engine.busy() as u64);
+                self.metrics
+                    .set_busy(self.slots.iter().map(Option::is_some));
             }
             Err(e) => {
                 let _ = job.events.send(JobEvent::Error(e.to_string()));
@@ -312,7 +315,7 @@ impl<E: SlotEngine> Loop<E> {
                 };
                 // the gauge drops before the answer goes out (a client that reads
                 // /metrics right after its answer sees its slot free)
-                metrics.set_busy(slots.iter().filter(|r| r.is_some()).count() as u64);
+                metrics.set_busy(slots.iter().map(Option::is_some));
                 let u = &completion.usage;
                 Metrics::add(&metrics.prompt_tokens, u.prompt_tokens as u64);
                 Metrics::add(&metrics.reused_tokens, u.reused_tokens as u64);
@@ -331,10 +334,10 @@ impl<E: SlotEngine> Loop<E> {
                     (reason, None) => {
                         Metrics::add(&metrics.requests_finished, 1);
                         JobEvent::Done {
-                            finish: if reason == "length" {
-                                Finish::Length
-                            } else {
-                                Finish::Stop
+                            finish: match (reason, completion.stop) {
+                                ("length", _) => Finish::Length,
+                                (_, engine::StopReason::StopString) => Finish::Word,
+                                _ => Finish::Stop,
                             },
                             usage: *u,
                             queued_ms: ms(r.admitted - r.job.queued_at),

@@ -1,4 +1,5 @@
-//! The routes that report on the server: `/health`, `/v1/models`, `/metrics`.
+//! The routes that report on the server: `/health`, `/v1/models`, `/metrics`, and
+//! llama-server's `/props` and (read-only) `/slots`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -58,4 +59,50 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         st.metrics.render(),
     )
         .into_response()
+}
+
+/// `GET /props`: llama-server's description of the server (what its clients read: the
+/// context, the slots, the chat template, the default generation settings).
+pub async fn props(State(st): State<Arc<AppState>>) -> Response {
+    let d = engine::SamplerOptions::default();
+    axum::Json(json!({
+        "default_generation_settings": {
+            "n_ctx": st.opts.ctx_len,
+            "params": {
+                "n_predict": st.opts.n_predict.map_or(-1, |n| n as i64),
+                "seed": st.opts.seed,
+                "temperature": d.temperature,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+                "repeat_last_n": d.repeat_last_n,
+                "presence_penalty": d.presence_penalty,
+                "frequency_penalty": d.frequency_penalty,
+            },
+        },
+        "total_slots": st.opts.n_slots,
+        "model_alias": st.opts.model_id,
+        "model_path": st.opts.model_path,
+        "chat_template": st.template.as_ref().map(|t| t.source()),
+        "modalities": {"vision": false, "audio": false},
+        "build_info": format!("vkdecode {}", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
+
+/// `GET /slots`: each slot's context and whether it runs a request (read-only: nothing
+/// here saves, restores or erases a slot).
+pub async fn slots(State(st): State<Arc<AppState>>) -> Response {
+    let busy = st.metrics.slot_busy();
+    let slots: Vec<_> = (0..st.opts.n_slots)
+        .map(|id| {
+            json!({
+                "id": id,
+                "n_ctx": st.opts.ctx_len,
+                "is_processing": busy.get(id).copied().unwrap_or(false),
+            })
+        })
+        .collect();
+    axum::Json(slots).into_response()
 }
