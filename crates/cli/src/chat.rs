@@ -255,6 +255,7 @@ pub fn run(args: Args) -> Result<()> {
                     },
                     stop: Vec::new(),
                     ignore_eos: false,
+                    prompt_logprobs: None,
                 };
                 chat.turn(&mut slots, line, request, &interrupts)?;
             }
@@ -332,7 +333,7 @@ impl Chat {
                     }
                 }
                 engine::SlotEvent::Done { completion, .. } => done = Some(completion.clone()),
-                engine::SlotEvent::Token { .. } => {}
+                engine::SlotEvent::Token { .. } | engine::SlotEvent::PromptLogprob { .. } => {}
             })?;
             if write_err.is_some() {
                 slots.cancel(0);

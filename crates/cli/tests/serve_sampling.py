@@ -89,6 +89,34 @@ e = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperat
                               echo=True)
 assert e.choices[0].text == PROMPT + text, (e.choices[0].text, text)
 
+# echo with logprobs (how evaluation harnesses score text): the prompt's tokens come
+# first, the first with nothing to predict it; the answer's part is the plain request's
+e = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                              echo=True, logprobs=2)
+elp = e.choices[0].logprobs
+n_prompt = e.usage.prompt_tokens
+assert e.choices[0].text == PROMPT + text, e.choices[0].text
+assert len(elp.tokens) == n_prompt + 8, (n_prompt, elp.tokens)
+assert elp.token_logprobs[0] is None and elp.top_logprobs[0] is None, elp
+assert "".join(elp.tokens) == PROMPT + text, elp.tokens
+assert elp.tokens[n_prompt:] == lp.tokens, (elp.tokens, lp.tokens)
+# (the prompt went in a token at a time here: the same values within float noise)
+for a, b in zip(elp.token_logprobs[n_prompt:], lp.token_logprobs):
+    assert abs(a - b) < 0.02, (elp.token_logprobs, lp.token_logprobs)
+for l, top in zip(elp.token_logprobs[1:], elp.top_logprobs[1:]):
+    assert l <= 0 and 1 <= len(top) <= 2 and l <= max(top.values()) + 1e-6, (l, top)
+assert elp.text_offset[:2] == [0, len(elp.tokens[0])], elp.text_offset
+# scoring the prompt and the answer as one prompt gives the answer's values back (the
+# prompt is fed a token at a time: within float noise of the decode kernels)
+ids = post("/tokenize", {"content": PROMPT + text})["tokens"]
+s = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0, echo=True,
+                              logprobs=1)
+slp = s.choices[0].logprobs
+assert slp.tokens[:n_prompt + 8] == elp.tokens, (slp.tokens, elp.tokens)
+for a, b in zip(slp.token_logprobs[n_prompt:n_prompt + 8], lp.token_logprobs):
+    assert abs(a - b) < 0.02, (slp.token_logprobs, lp.token_logprobs)
+results["echo_scored"] = len(slp.tokens)
+
 # streaming logprobs: the same tokens and values as the whole answer
 streamed = []
 parts = []
@@ -231,7 +259,7 @@ assert metric("vkdecode_constrained_requests_total") == constrained_requests + 8
     "vkdecode_constrained_requests_total")
 
 # every request above with logprobs counted once
-assert metric("vkdecode_logprob_requests_total") == logprob_requests + 9, metric(
+assert metric("vkdecode_logprob_requests_total") == logprob_requests + 11, metric(
     "vkdecode_logprob_requests_total")
 
 print(json.dumps(results))

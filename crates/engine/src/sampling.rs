@@ -424,6 +424,28 @@ pub fn penalise(l: f32, count: usize, repeat: f32, frequency: f32, presence: f32
     l - count as f32 * frequency - presence
 }
 
+/// The model's own log-probability of `token` under `logits` and the `n` most likely
+/// tokens (no bias, penalty or grammar: a prompt token's score, as OpenAI's `echo` with
+/// `logprobs` reports it).
+pub fn logprob_of(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
+    let cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .filter(|c| !c.1.is_nan() && c.1 != f32::NEG_INFINITY)
+        .collect();
+    let (lse, top) = log_softmax_top(&cand, n);
+    let l = logits
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    TokenLogprob {
+        token,
+        logprob: (f64::from(l) - lse) as f32,
+        top,
+    }
+}
+
 /// The log-sum-exp of the candidates' logits and the `n` best as (id, logprob), best
 /// first, ties by id.
 fn log_softmax_top(cand: &[(u32, f32)], n: usize) -> (f64, Vec<(u32, f32)>) {

@@ -324,7 +324,11 @@ impl Slots {
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
         }
-        let reused = self.reusable(slot, &req.prompt);
+        let reused = match req.prompt_logprobs {
+            // a scored prompt is fed whole: every token's logits are needed
+            Some(_) => 0,
+            None => self.reusable(slot, &req.prompt),
+        };
         self.session.select_slot(slot)?;
         self.session.truncate(reused)?;
         let s = &mut self.slots[slot];
@@ -388,17 +392,23 @@ impl Slots {
                 self.session.select_slot(i)?;
                 let slot = &mut self.slots[i];
                 let job = slot.job.as_mut().expect("busy");
-                let outcome =
-                    match job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report) {
-                        Ok(Some(next)) => {
-                            let lp = job.take_logprob();
-                            Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
-                                forward_event(i, e, lp.as_ref(), on_event)
-                            }))
-                        }
-                        Ok(None) => Ok(ControlFlow::Continue(())),
-                        Err(e) => Err(e),
-                    };
+                let chunk = job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report);
+                for lp in job.take_scored() {
+                    on_event(SlotEvent::PromptLogprob {
+                        slot: i,
+                        logprob: &lp,
+                    });
+                }
+                let outcome = match chunk {
+                    Ok(Some(next)) => {
+                        let lp = job.take_logprob();
+                        Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
+                            forward_event(i, e, lp.as_ref(), on_event)
+                        }))
+                    }
+                    Ok(None) => Ok(ControlFlow::Continue(())),
+                    Err(e) => Err(e),
+                };
                 self.settle(i, outcome, &mut report, on_event)?;
             }
         }

@@ -135,3 +135,93 @@ fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// A scored prompt (`Request::prompt_logprobs`, the server's `echo` with `logprobs`): each
+/// prompt token after the first gets the log-softmax of the reference's logits at the
+/// position before it, with the reference's best alternatives; the prompt is fed whole
+/// even when the slot holds it already.
+#[test]
+fn prompt_logprobs_match_the_reference() {
+    let Some(_ctx) = ctx() else { return };
+    let bytes = reference::synthetic::tiny_llama(5, 2, 64, 4, 2, 128, VOCAB, GgmlType::Q8_0);
+    let path = std::env::temp_dir().join(format!("vkdecode-prompt-lp-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::sync::Arc::new(gguf::GgufFile::open(&path).unwrap());
+    let mut slots = Slots::load(
+        &file,
+        &SlotsOptions {
+            slots: 1,
+            ctx: engine::generate::CtxRequest::Exact(64),
+            ..SlotsOptions::default()
+        },
+    )
+    .unwrap();
+    let prompt = vec![1u32, 70, 260, 3, 199, 42, 70, 70, 11, 300];
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let adm = slots
+            .submit(
+                0,
+                engine::Request {
+                    prompt: prompt.clone(),
+                    max_tokens: Some(2),
+                    sampler: SamplerOptions::greedy(),
+                    prompt_logprobs: Some(3),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        // the second run finds the prompt cached and still feeds it whole
+        assert_eq!(adm.reused, 0);
+        let mut got: Vec<TokenLogprob> = Vec::new();
+        let mut generated = 0;
+        while slots.busy() > 0 {
+            slots
+                .step(&mut |e| match e {
+                    SlotEvent::PromptLogprob { logprob, .. } => {
+                        assert_eq!(generated, 0, "prompt scores come before the answer");
+                        got.push(logprob.clone());
+                    }
+                    SlotEvent::Token { .. } => generated += 1,
+                    _ => {}
+                })
+                .unwrap();
+        }
+        assert_eq!(generated, 2);
+        runs.push(got);
+    }
+    assert_eq!(runs[0], runs[1]);
+    let got = &runs[0];
+    assert_eq!(got.len(), prompt.len() - 1);
+
+    let model = Model::from_bytes(&bytes).unwrap();
+    let mut state = State::new(model.config(), 64);
+    for (pos, &t) in prompt[..prompt.len() - 1].iter().enumerate() {
+        let logits: Vec<f64> = forward(&model, &mut state, t, pos, &mut |_, _| {})
+            .unwrap()
+            .iter()
+            .map(|&l| f64::from(l))
+            .collect();
+        let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+        let lp = &got[pos];
+        assert_eq!(lp.token, prompt[pos + 1]);
+        let want = (logits[lp.token as usize] - lse) as f32;
+        assert!(
+            (lp.logprob - want).abs() < TOL,
+            "position {pos}: {} vs reference {want}",
+            lp.logprob
+        );
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(lp.top.len(), 3);
+        for (k, &(t, l)) in lp.top.iter().enumerate() {
+            assert!(((logits[t as usize] - lse) as f32 - l).abs() < TOL);
+            assert!(
+                (f64::from(l) - (sorted[k] - lse)).abs() < f64::from(TOL),
+                "position {pos} top {k}"
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}

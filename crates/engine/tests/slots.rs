@@ -53,7 +53,7 @@ fn run_all(s: &mut Slots) -> (Vec<Option<Completion>>, Vec<String>) {
                 assert!(done[slot].is_none(), "slot {slot} finished twice");
                 done[slot] = Some(completion.clone());
             }
-            SlotEvent::Token { .. } => {}
+            SlotEvent::Token { .. } | SlotEvent::PromptLogprob { .. } => {}
         })
         .unwrap();
         steps += 1;

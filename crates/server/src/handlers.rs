@@ -120,12 +120,6 @@ pub async fn completions(
             st.tok.vocab_size(),
         )?;
         checked.sampler.grammar = constrain::from_body(&st, &text)?;
-        if checked.echo && checked.sampler.logprobs.is_some() {
-            return Err(ApiError::bad_param(
-                "echo",
-                "echo with logprobs is not supported (the prompt's log-probabilities are not computed): ask for one or the other",
-            ));
-        }
         let ids = match &req.prompt {
             Prompt::Text(t) => encode(&st, t)?,
             Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0])?,
@@ -280,6 +274,8 @@ async fn generate(
             max_tokens,
             stop: c.stop.clone(),
             ignore_eos: c.ignore_eos,
+            // echo with logprobs: the prompt's tokens are scored too
+            prompt_logprobs: c.sampler.logprobs.filter(|_| echo.is_some()),
             sampler,
             events: job_tx,
             queued_at: std::time::Instant::now(),
@@ -338,9 +334,18 @@ async fn generate(
         tok: st.tok.clone(),
         logprobs: c.sampler.logprobs.is_some(),
         choices: (0..c.n)
-            .map(|_| Choice {
-                offset: echo.as_ref().map_or(0, |e| e.chars().count()),
-                ..Choice::default()
+            .map(|_| match (&echo, c.sampler.logprobs) {
+                // the echoed prompt's tokens come first in the logprobs: the first with
+                // nothing to predict it, the others as they are scored
+                (Some(_), Some(_)) => Choice {
+                    scored: vec![(prompt[0], None)],
+                    ..Choice::default()
+                },
+                (Some(e), None) => Choice {
+                    offset: e.chars().count(),
+                    ..Choice::default()
+                },
+                (None, _) => Choice::default(),
             })
             .collect(),
         echo,
@@ -477,6 +482,9 @@ struct Choice {
     lps: Vec<TokenLogprob>,
     /// Completions: the character offset of the next token in the answer's text.
     offset: usize,
+    /// Completions with `echo` and `logprobs`: the prompt's tokens not yet sent, with
+    /// their log-probabilities (`None` for the first).
+    scored: Vec<(u32, Option<TokenLogprob>)>,
     done: Option<(Finish, Usage, f64)>,
 }
 
@@ -502,6 +510,7 @@ impl Answer {
         match event {
             JobEvent::Text(t) => c.text.push_str(&t),
             JobEvent::Logprob(lp) => c.lps.push(lp),
+            JobEvent::PromptLogprob(lp) => c.scored.push((lp.token, Some(lp))),
             JobEvent::Done {
                 finish,
                 usage,
@@ -531,6 +540,9 @@ impl Answer {
             Kind::Chat => logprobs::chat(&self.tok, &lps),
             Kind::Completion => {
                 let mut cols = CompletionLogprobs::default();
+                for (id, lp) in std::mem::take(&mut c.scored) {
+                    c.offset = cols.push(&self.tok, id, lp.as_ref(), c.offset);
+                }
                 for lp in &lps {
                     c.offset = cols.push(&self.tok, lp.token, Some(lp), c.offset);
                 }
@@ -754,6 +766,10 @@ fn stream_answer(
                     a.choices[i].lps.push(lp);
                     continue;
                 }
+                Some((i, JobEvent::PromptLogprob(lp))) => {
+                    a.choices[i].scored.push((lp.token, Some(lp)));
+                    continue;
+                }
                 Some((i, done @ JobEvent::Done { .. })) => {
                     let JobEvent::Done { finish, .. } = done else {
                         unreachable!("matched above")
@@ -763,7 +779,8 @@ fn stream_answer(
                         Kind::Chat => None,
                         Kind::Completion => Some(""),
                     };
-                    let logprobs = if a.choices[i].lps.is_empty() {
+                    let logprobs = if a.choices[i].lps.is_empty() && a.choices[i].scored.is_empty()
+                    {
                         Value::Null
                     } else {
                         a.drain_logprobs(i)

@@ -32,6 +32,9 @@ impl Finish {
 pub enum JobEvent {
     /// Generated text ready to show (possibly empty: a token whose text is held back).
     Text(String),
+    /// A prompt token's log-probability (completions with `echo` and `logprobs`), in
+    /// prompt order, before any generated token.
+    PromptLogprob(TokenLogprob),
     /// A token was kept, with its log-probability (requests that ask for them only; sent
     /// before the token's text).
     Logprob(TokenLogprob),
@@ -57,6 +60,8 @@ pub struct Job {
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
     pub sampler: SamplerOptions,
+    /// Score the prompt's tokens with this many alternatives (`echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// Where events go; a closed receiver (the client went away) cancels the job at the
     /// next step.
     pub events: UnboundedSender<JobEvent>,

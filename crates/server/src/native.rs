@@ -78,6 +78,7 @@ pub async fn completion(
         stop: checked.stop.clone(),
         ignore_eos: checked.ignore_eos,
         sampler: checked.sampler.clone(),
+        prompt_logprobs: None,
         events: tx,
         queued_at: Instant::now(),
     };
@@ -349,6 +350,7 @@ async fn whole_answer(mut a: Native1, mut rx: UnboundedReceiver<JobEvent>) -> Re
         match event {
             JobEvent::Text(t) => a.content.push_str(&t),
             JobEvent::Logprob(lp) => a.probs.push(lp),
+            JobEvent::PromptLogprob(_) => {}
             JobEvent::Done { finish, usage, .. } => {
                 let v = a.summary(&a.content, finish, &usage);
                 return (StatusCode::OK, axum::Json(v)).into_response();
@@ -381,6 +383,7 @@ fn stream_answer(a: Native1, rx: UnboundedReceiver<JobEvent>) -> Response {
                     a.probs.push(lp);
                     continue;
                 }
+                Some(JobEvent::PromptLogprob(_)) => continue,
                 Some(JobEvent::Done { finish, usage, .. }) => {
                     let v = a.summary("", finish, &usage);
                     return Some((

@@ -255,6 +255,7 @@ impl<E: SlotEngine> Loop<E> {
             sampler: job.sampler.clone(),
             stop: std::mem::take(&mut job.stop),
             ignore_eos: job.ignore_eos,
+            prompt_logprobs: job.prompt_logprobs,
         };
         match self.engine.submit(slot, req) {
             Ok(adm) => {
@@ -302,6 +303,11 @@ impl<E: SlotEngine> Loop<E> {
                 Metrics::add(&metrics.generated_tokens, 1);
                 if let (Some(lp), Some(r)) = (logprob, &slots[slot]) {
                     let _ = r.job.events.send(JobEvent::Logprob(lp.clone()));
+                }
+            }
+            SlotEvent::PromptLogprob { slot, logprob } => {
+                if let Some(r) = &slots[slot] {
+                    let _ = r.job.events.send(JobEvent::PromptLogprob(logprob.clone()));
                 }
             }
             SlotEvent::Text { slot, text } => {
@@ -439,6 +445,7 @@ mod tests {
             stop: Vec::new(),
             ignore_eos: false,
             sampler: Default::default(),
+            prompt_logprobs: None,
             events,
             queued_at: Instant::now(),
         };

@@ -13,7 +13,7 @@ use super::{Completion, Request, StepReport, Usage};
 use crate::generate::{
     check_finite, ms, sampler_options, Event, GenerateError, Output, Push, StopReason,
 };
-use crate::sampling::{Sampler, TokenLogprob};
+use crate::sampling::{logprob_of, Sampler, TokenLogprob};
 use crate::session::Session;
 
 pub(super) struct Job {
@@ -31,6 +31,10 @@ pub(super) struct Job {
     pub cancel: bool,
     submitted: Instant,
     first_token: Option<Instant>,
+    /// Alternatives per scored prompt token, when the prompt is scored.
+    prompt_logprobs: Option<usize>,
+    /// Prompt tokens scored but not yet reported.
+    scored: Vec<TokenLogprob>,
 }
 
 impl Job {
@@ -51,7 +55,14 @@ impl Job {
             cancel: false,
             submitted: Instant::now(),
             first_token: None,
+            prompt_logprobs: req.prompt_logprobs,
+            scored: Vec::new(),
         }
+    }
+
+    /// The prompt tokens scored since the last call (see [`Request::prompt_logprobs`]).
+    pub fn take_scored(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.scored)
     }
 
     /// Whether the prompt is in and a chosen token waits to be fed (a decode step).
@@ -86,12 +97,23 @@ impl Job {
         cached: &mut Vec<u32>,
         report: &mut StepReport,
     ) -> Result<Option<u32>, GenerateError> {
-        let end = (self.fed + session.prefill_chunk()).min(self.prompt.len());
+        // a scored prompt goes a token at a time: each token's logits score the next
+        let step = match self.prompt_logprobs {
+            Some(_) => 1,
+            None => session.prefill_chunk(),
+        };
+        let end = (self.fed + step).min(self.prompt.len());
         let chunk = &self.prompt[self.fed..end];
         session.prefill(chunk)?;
         cached.extend_from_slice(chunk);
         report.prefilled += chunk.len();
         self.fed = end;
+        if let (Some(n), Some(&next)) = (self.prompt_logprobs, self.prompt.get(end)) {
+            let pos = session.pos();
+            let logits = session.last_logits()?;
+            check_finite(logits, pos)?;
+            self.scored.push(logprob_of(logits, next, n));
+        }
         if end < self.prompt.len() {
             return Ok(None);
         }

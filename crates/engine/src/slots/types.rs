@@ -91,6 +91,10 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Score the prompt: the log-probability of each prompt token after the first, with
+    /// this many alternatives ([`SlotEvent::PromptLogprob`]). The prompt is then fed one
+    /// token at a time, and none of it is reused from the slot's cache.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Prompt and generated token counts of one request.
@@ -151,6 +155,12 @@ pub enum SlotEvent<'a> {
     },
     /// Text ready to show.
     Text { slot: usize, text: &'a str },
+    /// A prompt token's log-probability given the tokens before it (requests with
+    /// [`Request::prompt_logprobs`]), in prompt order, before any generated token.
+    PromptLogprob {
+        slot: usize,
+        logprob: &'a TokenLogprob,
+    },
     /// The request finished; the slot is idle again (its cache kept).
     Done {
         slot: usize,
