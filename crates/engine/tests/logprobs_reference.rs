@@ -16,14 +16,22 @@ use reference::{forward, Model, State};
 const VOCAB: usize = 320;
 const TOL: f32 = 1e-3;
 
-#[test]
-fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
-    let Some(_ctx) = ctx() else { return };
-    let bytes = reference::synthetic::tiny_llama(11, 2, 64, 4, 2, 128, VOCAB, GgmlType::Q8_0);
-    let path = std::env::temp_dir().join(format!("vkdecode-logprobs-{}.gguf", std::process::id()));
+/// The tiny synthetic model (weights from `seed`) written to a temporary file, and one
+/// slot of 64 positions on it: the bytes, the path (removed by the test), the file.
+fn tiny_slot(
+    seed: u64,
+    tag: &str,
+) -> (
+    Vec<u8>,
+    std::path::PathBuf,
+    std::sync::Arc<gguf::GgufFile>,
+    Slots,
+) {
+    let bytes = reference::synthetic::tiny_llama(seed, 2, 64, 4, 2, 128, VOCAB, GgmlType::Q8_0);
+    let path = std::env::temp_dir().join(format!("vkdecode-{tag}-{}.gguf", std::process::id()));
     std::fs::write(&path, &bytes).unwrap();
     let file = std::sync::Arc::new(gguf::GgufFile::open(&path).unwrap());
-    let mut slots = Slots::load(
+    let slots = Slots::load(
         &file,
         &SlotsOptions {
             slots: 1,
@@ -32,6 +40,13 @@ fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
         },
     )
     .unwrap();
+    (bytes, path, file, slots)
+}
+
+#[test]
+fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
+    let Some(_ctx) = ctx() else { return };
+    let (bytes, path, file, mut slots) = tiny_slot(11, "logprobs");
     let prompt = vec![1u32, 70, 260, 3, 199, 42, 70, 70];
     let bias = vec![(7u32, 1.5f32), (9, f32::NEG_INFINITY)];
     let sampler = SamplerOptions {
@@ -143,19 +158,7 @@ fn slot_logprobs_match_the_reference_after_bias_and_penalties() {
 #[test]
 fn prompt_logprobs_match_the_reference() {
     let Some(_ctx) = ctx() else { return };
-    let bytes = reference::synthetic::tiny_llama(5, 2, 64, 4, 2, 128, VOCAB, GgmlType::Q8_0);
-    let path = std::env::temp_dir().join(format!("vkdecode-prompt-lp-{}.gguf", std::process::id()));
-    std::fs::write(&path, &bytes).unwrap();
-    let file = std::sync::Arc::new(gguf::GgufFile::open(&path).unwrap());
-    let mut slots = Slots::load(
-        &file,
-        &SlotsOptions {
-            slots: 1,
-            ctx: engine::generate::CtxRequest::Exact(64),
-            ..SlotsOptions::default()
-        },
-    )
-    .unwrap();
+    let (bytes, path, _file, mut slots) = tiny_slot(5, "prompt-lp");
     let prompt = vec![1u32, 70, 260, 3, 199, 42, 70, 70, 11, 300];
     let mut runs = Vec::new();
     for _ in 0..2 {

@@ -280,18 +280,8 @@ async fn generate(
             events: job_tx,
             queued_at: std::time::Instant::now(),
         };
-        match st.scheduler.submit(job) {
-            Ok(()) => Metrics::add(&st.metrics.requests, 1),
-            Err(SubmitError::Busy) => {
-                Metrics::add(&st.metrics.requests_rejected_busy, 1);
-                return ApiError::busy(st.opts.queue).into_response();
-            }
-            Err(SubmitError::Stopped) => {
-                return ApiError::unavailable(
-                    "the engine has stopped (the server is shutting down, or failed: see its log)",
-                )
-                .into_response()
-            }
+        if let Err(e) = submit(st, job) {
+            return e.into_response();
         }
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -356,6 +346,24 @@ async fn generate(
         stream_answer(answer, rx, c.include_usage, peer)
     } else {
         whole_answer(answer, rx, peer).await
+    }
+}
+
+/// Queues `job`, counting it; a full queue is a 503 with `Retry-After`, a stopped engine
+/// a 503 saying so.
+pub(crate) fn submit(st: &AppState, job: Job) -> Result<(), ApiError> {
+    match st.scheduler.submit(job) {
+        Ok(()) => {
+            Metrics::add(&st.metrics.requests, 1);
+            Ok(())
+        }
+        Err(SubmitError::Busy) => {
+            Metrics::add(&st.metrics.requests_rejected_busy, 1);
+            Err(ApiError::busy(st.opts.queue))
+        }
+        Err(SubmitError::Stopped) => Err(ApiError::unavailable(
+            "the engine has stopped (the server is shutting down, or failed: see its log)",
+        )),
     }
 }
 

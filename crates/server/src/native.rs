@@ -31,7 +31,6 @@ use crate::http::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
 use crate::metrics::Metrics;
 use crate::params::{cap_max_tokens, Checked, Endpoint, Sampling};
-use crate::scheduler::SubmitError;
 
 /// Most alternatives `n_probs` may ask for.
 const MAX_N_PROBS: i64 = 20;
@@ -82,18 +81,8 @@ pub async fn completion(
         events: tx,
         queued_at: Instant::now(),
     };
-    match st.scheduler.submit(job) {
-        Ok(()) => Metrics::add(&st.metrics.requests, 1),
-        Err(SubmitError::Busy) => {
-            Metrics::add(&st.metrics.requests_rejected_busy, 1);
-            return ApiError::busy(st.opts.queue).into_response();
-        }
-        Err(SubmitError::Stopped) => {
-            return ApiError::unavailable(
-                "the engine has stopped (the server is shutting down, or failed: see its log)",
-            )
-            .into_response()
-        }
+    if let Err(e) = crate::handlers::submit(&st, job) {
+        return e.into_response();
     }
     if checked.sampler.logprobs.is_some() {
         Metrics::add(&st.metrics.logprob_requests, 1);
