@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where lavapipe's worker threads spend a decode token (issue 14): samples a running greedy
+# Where lavapipe's worker threads spend a decode token: samples a running greedy
 # decode with perf, dumps the JIT-compiled shader code with gdb, and reports the share of
 # samples per thread and object, and the share of JIT samples inside llvmpipe's out-of-line
 # 16-byte texel fetch (the routine every `texelFetch` of a uvec4/vec4 texel buffer calls:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load test of `vkdecode serve` (issue 15): C concurrent streaming clients x T tokens
+"""Load test of `vkdecode serve` (how batching holds up under many clients): C concurrent streaming clients x T tokens
 against --parallel N, all greedy (temperature 0, ignore_eos) so every answer can be
 checked against the same prompt run alone.
 

@@ -45,6 +45,7 @@ mod inspect;
 mod out;
 mod out_path;
 mod run;
+mod sampling_args;
 mod serve;
 mod signals;
 mod stats;

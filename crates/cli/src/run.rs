@@ -125,8 +125,8 @@ pub struct Args {
 
     /// Add BIAS to token TOKEN_ID's logit, as llama-cli: `15043+1`, `15043-0.5`; a bias of
     /// `-inf` bans the token. Repeatable.
-    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+|-)BIAS", value_parser = parse_logit_bias)]
-    pub logit_bias: Vec<LogitBias>,
+    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+|-)BIAS", value_parser = crate::sampling_args::parse_logit_bias)]
+    pub logit_bias: Vec<crate::sampling_args::LogitBias>,
 
     /// Random seed for sampling (default: taken from the clock, and reported in the stats).
     #[arg(long)]
@@ -248,96 +248,6 @@ pub struct Args {
 /// Exit status after an interrupt (128 + SIGINT, as shells report it).
 pub const EXIT_INTERRUPTED: i32 = 130;
 
-/// Checks the sampling flags: every value finite and in its range.
-fn validate_sampling(args: &Args) -> Result<()> {
-    let check = |name: &str, v: f32, ok: bool, range: &str| -> Result<()> {
-        if !v.is_finite() || !ok {
-            bail!("{name} {v} is out of range: {range}");
-        }
-        Ok(())
-    };
-    if let Some(t) = args.temp {
-        check("--temp", t, true, "a finite number (0 or below is greedy)")?;
-    }
-    check(
-        "--top-p",
-        args.top_p,
-        (0.0..=1.0).contains(&args.top_p),
-        "0 to 1 (1 disables)",
-    )?;
-    check(
-        "--min-p",
-        args.min_p,
-        (0.0..=1.0).contains(&args.min_p),
-        "0 to 1 (0 disables)",
-    )?;
-    check(
-        "--repeat-penalty",
-        args.repeat_penalty,
-        args.repeat_penalty > 0.0,
-        "above 0 (1 disables)",
-    )?;
-    for (flag, v) in [
-        ("--frequency-penalty", args.frequency_penalty),
-        ("--presence-penalty", args.presence_penalty),
-    ] {
-        check(flag, v, (-2.0..=2.0).contains(&v), "-2 to 2 (0 disables)")?;
-    }
-    Ok(())
-}
-
-/// The grammar `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
-/// asks for (clap lets at most one through), compiled.
-fn constraint_from_args(args: &Args) -> Result<Option<Arc<grammar::CompiledGrammar>>> {
-    let read = |flag: &str, path: &PathBuf| {
-        std::fs::read_to_string(path)
-            .with_context(|| format!("{flag}: cannot read {}", path.display()))
-    };
-    let gbnf = |flag: &str, text: &str| {
-        grammar::CompiledGrammar::from_gbnf(text).with_context(|| format!("{flag}: the grammar"))
-    };
-    let schema = |flag: &str, text: &str| {
-        grammar::CompiledGrammar::from_json_schema(text)
-            .with_context(|| format!("{flag}: the JSON schema"))
-    };
-    let g = if let Some(text) = &args.grammar {
-        gbnf("--grammar", text)?
-    } else if let Some(path) = &args.grammar_file {
-        gbnf("--grammar-file", &read("--grammar-file", path)?)?
-    } else if let Some(text) = &args.json_schema {
-        schema("--json-schema", text)?
-    } else if let Some(path) = &args.json_schema_file {
-        schema("--json-schema-file", &read("--json-schema-file", path)?)?
-    } else {
-        return Ok(None);
-    };
-    Ok(Some(Arc::new(g)))
-}
-
-/// One `--logit-bias`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LogitBias {
-    pub token: u32,
-    pub bias: f32,
-}
-
-/// llama-cli's `TOKEN_ID(+|-)BIAS`, e.g. `15043+1` or `15043-inf`.
-fn parse_logit_bias(s: &str) -> Result<LogitBias, String> {
-    let at = s
-        .find(['+', '-'])
-        .ok_or_else(|| format!("{s:?} is not TOKEN_ID(+|-)BIAS, e.g. 15043+1"))?;
-    let token = s[..at]
-        .parse()
-        .map_err(|_| format!("{:?} is not a token id (in {s:?})", &s[..at]))?;
-    let bias: f32 = s[at..]
-        .parse()
-        .map_err(|_| format!("{:?} is not a bias (in {s:?})", &s[at..]))?;
-    if bias.is_nan() || bias == f32::INFINITY {
-        return Err(format!("bias {bias} (in {s:?}) must be a number or -inf"));
-    }
-    Ok(LogitBias { token, bias })
-}
-
 /// The model path of a run whose weights may be the file's own pages (the Vulkan backend
 /// with `--weights auto` or `import`), which `main` runs in a supervised worker.
 pub fn file_backed_model(args: &Args) -> Option<PathBuf> {
@@ -360,9 +270,9 @@ pub fn run(args: Args) -> Result<()> {
     if args.n_predict == 0 || args.n_predict < -1 {
         bail!("-n must be positive, or -1 for \"until end of generation\"");
     }
-    validate_sampling(&args)?;
+    crate::sampling_args::validate(&args)?;
     // A grammar or schema that does not compile is reported before the model loads.
-    let grammar = constraint_from_args(&args)?;
+    let grammar = crate::sampling_args::grammar(&args)?;
     // Open the stats file first: a bad path is reported before the generation, not after.
     let mut stats_file = match &args.stats_json {
         Some(path) => Some(
@@ -695,20 +605,4 @@ fn parse_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
             Ok(id)
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{parse_logit_bias, LogitBias};
-
-    #[test]
-    fn logit_bias_takes_llama_cli_syntax() {
-        let b = |token, bias| Ok(LogitBias { token, bias });
-        assert_eq!(parse_logit_bias("15043+1"), b(15043, 1.0));
-        assert_eq!(parse_logit_bias("7-0.5"), b(7, -0.5));
-        assert_eq!(parse_logit_bias("2-inf"), b(2, f32::NEG_INFINITY));
-        for bad in ["15043", "x+1", "1+y", "1+inf", "+1"] {
-            assert!(parse_logit_bias(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -4,7 +4,8 @@
 //! - [`http`]: the router, limits, the API key, graceful shutdown; [`conn`] the
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
-//!   [`handlers`] the two generation endpoints (JSON or server-sent events), `logprobs`
+//!   [`handlers`] the two generation endpoints, `answer` their answers (JSON or
+//!   server-sent events), `logprobs`
 //!   their log-probabilities in OpenAI's shapes, `constrain` the grammar a request's
 //!   `response_format`, `json_schema` or `grammar` asks for, `tools` tool calls,
 //!   `native` llama-server's own `/completion`, `status` (`/health`, `/v1/models`,
@@ -19,6 +20,7 @@
 //! - [`metrics`]: counters and the Prometheus text.
 #![forbid(unsafe_code)]
 
+mod answer;
 pub mod backend;
 pub mod conn;
 mod constrain;

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde::Deserialize;
@@ -389,10 +389,5 @@ fn stream_answer(a: Native1, rx: UnboundedReceiver<JobEvent>) -> Response {
             return Some((Ok(out), Some((a, rx))));
         }
     });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+    crate::answer::sse_response(Body::from_stream(events))
 }

@@ -1,0 +1,116 @@
+//! The main command's sampling flags beyond the plain values: their ranges, llama-cli's
+//! `--logit-bias` syntax, and the grammar `--grammar`/`--json-schema` and their `-file`
+//! forms ask for.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::run::Args;
+
+/// Checks the sampling flags: every value finite and in its range.
+pub fn validate(args: &Args) -> Result<()> {
+    let check = |name: &str, v: f32, ok: bool, range: &str| -> Result<()> {
+        if !v.is_finite() || !ok {
+            bail!("{name} {v} is out of range: {range}");
+        }
+        Ok(())
+    };
+    if let Some(t) = args.temp {
+        check("--temp", t, true, "a finite number (0 or below is greedy)")?;
+    }
+    check(
+        "--top-p",
+        args.top_p,
+        (0.0..=1.0).contains(&args.top_p),
+        "0 to 1 (1 disables)",
+    )?;
+    check(
+        "--min-p",
+        args.min_p,
+        (0.0..=1.0).contains(&args.min_p),
+        "0 to 1 (0 disables)",
+    )?;
+    check(
+        "--repeat-penalty",
+        args.repeat_penalty,
+        args.repeat_penalty > 0.0,
+        "above 0 (1 disables)",
+    )?;
+    for (flag, v) in [
+        ("--frequency-penalty", args.frequency_penalty),
+        ("--presence-penalty", args.presence_penalty),
+    ] {
+        check(flag, v, (-2.0..=2.0).contains(&v), "-2 to 2 (0 disables)")?;
+    }
+    Ok(())
+}
+
+/// The grammar `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
+/// asks for (clap lets at most one through), compiled.
+pub fn grammar(args: &Args) -> Result<Option<Arc<grammar::CompiledGrammar>>> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("{flag}: cannot read {}", path.display()))
+    };
+    let gbnf = |flag: &str, text: &str| {
+        grammar::CompiledGrammar::from_gbnf(text).with_context(|| format!("{flag}: the grammar"))
+    };
+    let schema = |flag: &str, text: &str| {
+        grammar::CompiledGrammar::from_json_schema(text)
+            .with_context(|| format!("{flag}: the JSON schema"))
+    };
+    let g = if let Some(text) = &args.grammar {
+        gbnf("--grammar", text)?
+    } else if let Some(path) = &args.grammar_file {
+        gbnf("--grammar-file", &read("--grammar-file", path)?)?
+    } else if let Some(text) = &args.json_schema {
+        schema("--json-schema", text)?
+    } else if let Some(path) = &args.json_schema_file {
+        schema("--json-schema-file", &read("--json-schema-file", path)?)?
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(g)))
+}
+
+/// One `--logit-bias`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogitBias {
+    pub token: u32,
+    pub bias: f32,
+}
+
+/// llama-cli's `TOKEN_ID(+|-)BIAS`, e.g. `15043+1` or `15043-inf`.
+pub fn parse_logit_bias(s: &str) -> Result<LogitBias, String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("{s:?} is not TOKEN_ID(+|-)BIAS, e.g. 15043+1"))?;
+    let token = s[..at]
+        .parse()
+        .map_err(|_| format!("{:?} is not a token id (in {s:?})", &s[..at]))?;
+    let bias: f32 = s[at..]
+        .parse()
+        .map_err(|_| format!("{:?} is not a bias (in {s:?})", &s[at..]))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!("bias {bias} (in {s:?}) must be a number or -inf"));
+    }
+    Ok(LogitBias { token, bias })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_logit_bias, LogitBias};
+
+    #[test]
+    fn logit_bias_takes_llama_cli_syntax() {
+        let b = |token, bias| Ok(LogitBias { token, bias });
+        assert_eq!(parse_logit_bias("15043+1"), b(15043, 1.0));
+        assert_eq!(parse_logit_bias("7-0.5"), b(7, -0.5));
+        assert_eq!(parse_logit_bias("2-inf"), b(2, f32::NEG_INFINITY));
+        for bad in ["15043", "x+1", "1+y", "1+inf", "+1"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
+        }
+    }
+}
