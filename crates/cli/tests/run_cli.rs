@@ -365,40 +365,33 @@ fn ignore_eos_bans_the_end_tokens() {
     let dir = tempdir();
     let stats = dir.join("stats.json");
     let m = q8();
-    let out = ok(&vkdecode(&[
-        "-m",
-        m.to_str().unwrap(),
-        "--chat",
-        "-p",
-        "Say hi.",
-        "-n",
-        "40",
-        "--temp",
-        "0",
-        "--ignore-eos",
-        "--stats-json",
-        stats.to_str().unwrap(),
-    ]));
+    // the text, and the tokens generated
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "-m",
+            m.to_str().unwrap(),
+            "--chat",
+            "-p",
+            "Say hi.",
+            "-n",
+            "40",
+            "--temp",
+            "0",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = ok(&vkdecode(&args));
+        (out, read_json(&stats)["n_generated"].as_u64().unwrap())
+    };
+    let (out, n) = run(&["--ignore-eos"]);
     assert!(
         !out.contains("<|im_end|>") && !out.contains("<|im_start|>"),
         "{out:?}"
     );
-    assert_eq!(read_json(&stats)["n_generated"], 40, "{out:?}");
+    assert_eq!(n, 40, "{out:?}");
     // without it, the same prompt ends early
-    let out = ok(&vkdecode(&[
-        "-m",
-        m.to_str().unwrap(),
-        "--chat",
-        "-p",
-        "Say hi.",
-        "-n",
-        "40",
-        "--temp",
-        "0",
-        "--stats-json",
-        stats.to_str().unwrap(),
-    ]));
-    let n = read_json(&stats)["n_generated"].as_u64().unwrap();
+    let (out, n) = run(&[]);
     assert!(
         n < 40,
         "the model did not end by itself ({n} tokens): the test shows nothing: {out:?}"
