@@ -43,7 +43,7 @@
 // (benches/results/gemm-fetch-first-ab.txt). X as a storage texel buffer (imageBuffer,
 // imageLoad): 1.03x a whole prefill, within the noise; 16 lanes a workgroup on 16-lane
 // subgroups (LP_NATIVE_VECTOR_WIDTH=512, AVX-512): 0.93x
-// (benches/results/issue14-more-levers.txt).
+// (benches/results/imageload-avx512-chunk-stop-ab.txt).
 //
 // Defines (crates/vk/build.rs "matmul_mm"): WTYPE_*, IN_RMSNORM, OUT_MODE as matmul.comp,
 // TT (tokens per workgroup: 8, or 2 for a step of one or two tokens: a lone serving
