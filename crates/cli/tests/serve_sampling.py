@@ -145,15 +145,23 @@ g = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperat
 assert [ch.index for ch in g.choices] == [0, 1, 2], g.choices
 assert all(ch.text == text for ch in g.choices), g.choices
 assert g.usage.completion_tokens == 24, g.usage
-s3 = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24,
+# the prompt is prefilled once: choice 0 feeds what its slot does not hold (a question
+# no slot has seen: only the template's system prefix is cached), the other two copy
+# its K/V on the device and feed only the prompt's last token
+ANIMAL = [{"role": "user", "content": "Name a large animal that lives in the sea."}]
+prefilled = metric("vkdecode_prefilled_tokens_total")
+s3 = client.chat.completions.create(model=model, messages=ANIMAL, max_tokens=24,
                                     temperature=1.0, seed=11, n=3)
 texts = [ch.message.content for ch in s3.choices]
 assert len(set(texts)) > 1, texts
-s1 = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24,
+fed = metric("vkdecode_prefilled_tokens_total") - prefilled
+u = s3.usage
+assert fed == u.prompt_tokens - u.prompt_tokens_details.cached_tokens + 2, (fed, u)
+s1 = client.chat.completions.create(model=model, messages=ANIMAL, max_tokens=24,
                                     temperature=1.0, seed=11)
 assert s1.choices[0].message.content == texts[0], (s1.choices[0].message.content, texts)
 parts = {}
-for chunk in client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24,
+for chunk in client.chat.completions.create(model=model, messages=ANIMAL, max_tokens=24,
                                             temperature=1.0, seed=11, n=3, stream=True):
     for ch in chunk.choices:
         parts.setdefault(ch.index, []).append(ch.delta.content or "")

@@ -277,6 +277,47 @@ impl Session {
         Ok(())
     }
 
+    /// Gives slot `to` the first `len` positions of slot `from`: their K/V rows are copied
+    /// on the device (one transfer submit, no host round trip of the cache) and `to`'s
+    /// position becomes `len`. Several answers to one prompt share its prefill this way.
+    /// The current slot stays selected.
+    pub fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
+        let n = self.pos.len();
+        if from >= n || to >= n || from == to {
+            return Err(EngineError::Input(format!(
+                "cannot copy slot {from}'s cache to slot {to} ({n} slots)"
+            )));
+        }
+        if len > self.pos[from] {
+            return Err(EngineError::Input(format!(
+                "cannot copy {len} positions of slot {from}: it holds {}",
+                self.pos[from]
+            )));
+        }
+        if len > 0 {
+            // each layer's cache is `slots · ctx_len` rows of equal size
+            let rows = (self.ctx_len * n) as u64;
+            let row = self.acts.key_cache.first().map_or(0, |b| b.size() / rows);
+            let (src, dst) = (
+                (from * self.ctx_len) as u64 * row,
+                (to * self.ctx_len) as u64 * row,
+            );
+            let region = [(src, dst, len as u64 * row)];
+            let cmd = &mut self.prefill_cmd;
+            cmd.begin()?;
+            for (k, v) in self.acts.key_cache.iter().zip(&self.acts.value_cache) {
+                cmd.copy_buffer(k, k, &region);
+                cmd.copy_buffer(v, v, &region);
+            }
+            cmd.barrier();
+            cmd.end()?;
+            self.ctx.submit_and_wait(&self.prefill_cmd)?;
+            self.counters.host_waits += 1;
+        }
+        self.pos[to] = len;
+        Ok(())
+    }
+
     pub fn counters(&self) -> Counters {
         Counters {
             allocations: self.ctx.live_allocations(),

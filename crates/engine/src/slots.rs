@@ -27,7 +27,11 @@
 //! tokens ([`Slots::cached`]). [`Slots::submit`] keeps the longest common prefix (LCP) of
 //! that list and the new prompt, truncates the slot's position to it, and prefills only
 //! the rest (at least the prompt's last token, whose logits choose the first new token).
-//! [`Slots::pick_slot`] finds the idle slot with the longest common prefix. The counters
+//! [`Slots::pick_slot`] finds the idle slot with the longest common prefix. A prompt that
+//! another *busy* slot holds or is prefilling (the answers of one request with `n` > 1,
+//! requests sent together with one system prompt) is not prefilled twice: the new job
+//! waits for that slot to hold the shared prefix, then its K/V rows are copied on the
+//! device ([`Session::copy_prefix`]) and only the rest is fed. The counters
 //! ([`Usage`], [`SlotCounters`]) say how many prompt tokens were prefilled vs reused.
 //!
 //! **Stepping.** [`Slots::step`] gives every busy slot one unit of work: the next chunk
@@ -331,6 +335,10 @@ impl Slots {
         };
         self.session.select_slot(slot)?;
         self.session.truncate(reused)?;
+        let share = match req.prompt_logprobs {
+            Some(_) => None,
+            None => self.share_source(slot, &req.prompt, reused),
+        };
         let s = &mut self.slots[slot];
         s.cached.truncate(reused);
         let to_prefill = req.prompt.len() - reused;
@@ -338,8 +346,70 @@ impl Slots {
         s.last_used = self.counters.requests;
         self.counters.prompt_tokens += req.prompt.len() as u64;
         self.counters.reused_tokens += reused as u64;
-        s.job = Some(Job::new(req, reused, &self.tok));
-        Ok(Admission { reused, to_prefill })
+        let mut job = Job::new(req, reused, &self.tok);
+        job.share = share;
+        s.job = Some(job);
+        Ok(Admission {
+            reused,
+            to_prefill,
+            shared_from: share.map(|(from, _)| from),
+        })
+    }
+
+    /// A busy slot that holds, or is prefilling, more of `prompt` than slot `slot` keeps
+    /// (`own` tokens): that slot, and how many prompt tokens to copy from it once it holds
+    /// them (never the last: its logits choose the first new token). This is how the
+    /// answers of one request (`n` > 1), or requests sent together with one system
+    /// prompt, share one prefill. An idle slot is no source: [`Slots::pick_slot`] would
+    /// have given it the request. Among equals, the lowest slot wins.
+    fn share_source(&self, slot: usize, prompt: &[u32], own: usize) -> Option<(usize, usize)> {
+        let cap = prompt.len().saturating_sub(1);
+        (0..self.slots.len())
+            .filter(|&i| i != slot)
+            .filter_map(|i| {
+                let s = &self.slots[i];
+                let job = s.job.as_ref()?;
+                // a job that waits on a third slot is no source (no waiting in circles)
+                let coming = match job.prefilling() && job.share.is_none() {
+                    true => common_prefix(job.prompt(), prompt),
+                    false => 0,
+                };
+                Some((i, common_prefix(&s.cached, prompt).max(coming).min(cap)))
+            })
+            .filter(|&(_, n)| n > own)
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+    }
+
+    /// For slot `i`'s job, waiting to share a prompt prefix (see [`Slots::share_source`]):
+    /// copies what the other slot holds once it holds all that was promised, or once it
+    /// no longer prefills that prompt itself. False while it is still worth waiting.
+    fn take_shared(&mut self, i: usize) -> Result<bool, GenerateError> {
+        let job = self.slots[i].job.as_ref().expect("busy");
+        let Some((from, want)) = job.share else {
+            return Ok(true);
+        };
+        let prompt = job.prompt();
+        let src = &self.slots[from];
+        let have = common_prefix(&src.cached, prompt).min(want);
+        let coming = (src.job.as_ref()).is_some_and(|j| {
+            j.prefilling() && j.share.is_none() && common_prefix(j.prompt(), prompt) >= want
+        });
+        if have < want && coming {
+            return Ok(false);
+        }
+        let slot = &mut self.slots[i];
+        let own = slot.cached.len();
+        let job = slot.job.as_mut().expect("busy");
+        if have > own {
+            self.session.copy_prefix(from, i, have)?;
+            slot.cached = job.prompt()[..have].to_vec();
+            self.counters.reused_tokens += (have - own) as u64;
+            self.counters.shared_tokens += (have - own) as u64;
+            job.shared(have);
+        } else {
+            job.share = None;
+        }
+        Ok(true)
     }
 
     /// Asks slot `slot`'s request to stop; it finishes ([`StopReason::Cancelled`]) at the
@@ -388,7 +458,7 @@ impl Slots {
                 )?;
             } else if job.decoding() {
                 decoding.push(i);
-            } else {
+            } else if self.take_shared(i)? {
                 self.session.select_slot(i)?;
                 let slot = &mut self.slots[i];
                 let job = slot.job.as_mut().expect("busy");

@@ -241,6 +241,78 @@ fn a_second_turn_prefills_only_its_new_tokens() {
     run_all(&mut s);
 }
 
+/// Several answers to one prompt (`n` > 1) share one prefill: the first slot prefills the
+/// prompt, the others wait for it and copy its K/V rows on the device, then feed only the
+/// last prompt token; each answer is the one its seed gives alone. A cancelled source
+/// leaves the waiting slot to prefill the rest itself.
+#[test]
+fn answers_to_one_prompt_share_its_prefill() {
+    let file = open();
+    let mut s = slots(&file, 3, true);
+    let p = prompt_b(&s);
+    let req = |seed| {
+        let sampler = SamplerOptions {
+            temperature: 0.9,
+            seed,
+            ..SamplerOptions::default()
+        };
+        request(p.clone(), 12, sampler)
+    };
+    let solo: Vec<Completion> = (0..3).map(|k| alone(&mut s, k, req(k as u64))).collect();
+    for c in &solo {
+        assert_eq!(
+            c.usage.reused_tokens, 0,
+            "alone: no busy slot to share with"
+        );
+        assert_eq!(c.usage.prefilled_tokens, p.len());
+    }
+    assert_ne!(solo[0].ids, solo[1].ids, "the seeds draw different answers");
+    for slot in 0..3 {
+        s.clear(slot).unwrap();
+    }
+    let before = s.counters();
+    let adm: Vec<_> = (0..3)
+        .map(|k| s.submit(k, req(k as u64)).unwrap())
+        .collect();
+    assert_eq!(adm[0].shared_from, None);
+    assert_eq!(adm[1].shared_from, Some(0));
+    assert_eq!(adm[2].shared_from, Some(0));
+    let (done, _) = run_all(&mut s);
+    for (k, c) in done.into_iter().enumerate() {
+        let c = c.unwrap();
+        assert_eq!(c.ids, solo[k].ids, "answer {k} shared vs alone");
+        let copied = if k == 0 { 0 } else { p.len() - 1 };
+        assert_eq!(c.usage.reused_tokens, copied, "answer {k}");
+        assert_eq!(c.usage.prefilled_tokens, p.len() - copied, "answer {k}");
+    }
+    let after = s.counters();
+    assert_eq!(
+        after.shared_tokens - before.shared_tokens,
+        2 * (p.len() as u64 - 1)
+    );
+    assert_eq!(
+        after.prefilled_tokens - before.prefilled_tokens,
+        p.len() as u64 + 2
+    );
+
+    // the source is cancelled mid-prefill: the waiting slot copies what is there and
+    // prefills the rest, and still gives its seed's answer
+    for slot in 0..3 {
+        s.clear(slot).unwrap();
+    }
+    s.submit(0, req(0)).unwrap();
+    assert_eq!(s.submit(1, req(1)).unwrap().shared_from, Some(0));
+    s.step(&mut |_| {}).unwrap();
+    let part = s.cached(0).len();
+    assert!(part > 0 && part < p.len(), "slot 0 is mid-prefill ({part})");
+    s.cancel(0);
+    let (done, _) = run_all(&mut s);
+    let c = done[1].clone().unwrap();
+    assert_eq!(c.ids, solo[1].ids, "answer after a cancelled source");
+    assert_eq!(c.usage.reused_tokens, part);
+    assert_eq!(c.usage.prefilled_tokens, p.len() - part);
+}
+
 #[test]
 fn pick_cancel_and_refusals() {
     let file = open();

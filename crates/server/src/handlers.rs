@@ -3,9 +3,10 @@
 //! events ending in `data: [DONE]`.
 //!
 //! `n > 1` runs its choices as separate jobs: each takes its own slot (or waits in the
-//! queue for one), prefills the prompt itself (a slot that held it already reuses it),
-//! and batches with the others in the engine's decode steps. Choice `i` samples with
-//! seed `seed + i`.
+//! queue for one) and batches with the others in the engine's decode steps. The prompt
+//! is prefilled once: the engine gives the other choices' slots a device copy of the
+//! first one's K/V rows (see `engine::Slots::submit`), so each feeds only the prompt's
+//! last token. Choice `i` samples with seed `seed + i`.
 //!
 //! The answer's shapes, and how a half-closed client is told from a gone one: `answer`.
 

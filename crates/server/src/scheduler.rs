@@ -426,6 +426,7 @@ mod tests {
             Ok(Admission {
                 reused: 0,
                 to_prefill: req.prompt.len(),
+                shared_from: None,
             })
         }
         fn cancel(&mut self, _: usize) {

@@ -35,6 +35,9 @@ pub(super) struct Job {
     prompt_logprobs: Option<usize>,
     /// Prompt tokens scored but not yet reported.
     scored: Vec<TokenLogprob>,
+    /// Waiting for another slot to hold more of this prompt than this slot does:
+    /// (that slot, the prompt tokens to copy from it once it holds them).
+    pub share: Option<(usize, usize)>,
 }
 
 impl Job {
@@ -57,7 +60,26 @@ impl Job {
             first_token: None,
             prompt_logprobs: req.prompt_logprobs,
             scored: Vec::new(),
+            share: None,
         }
+    }
+
+    /// The prompt this job answers.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Whether prompt tokens are still to be fed (nothing generated yet).
+    pub fn prefilling(&self) -> bool {
+        self.fed < self.prompt.len()
+    }
+
+    /// The slot's cache now holds the first `n` prompt tokens, copied from another slot
+    /// (counted as reused, not prefilled).
+    pub fn shared(&mut self, n: usize) {
+        self.fed = n;
+        self.reused = n;
+        self.share = None;
     }
 
     /// The prompt tokens scored since the last call (see [`Request::prompt_logprobs`]).

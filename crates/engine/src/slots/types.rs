@@ -173,8 +173,11 @@ pub enum SlotEvent<'a> {
 pub struct Admission {
     /// Prompt tokens already in the slot (kept).
     pub reused: usize,
-    /// Prompt tokens to prefill.
+    /// Prompt tokens to prefill, unless another slot's copy covers some of them.
     pub to_prefill: usize,
+    /// The slot whose cache will give this one more of the prompt than it holds (its
+    /// rows are copied on the device once that slot has them), if any.
+    pub shared_from: Option<usize>,
 }
 
 /// Totals over every request since load.
@@ -186,8 +189,10 @@ pub struct SlotCounters {
     pub prompt_tokens: u64,
     /// Prompt tokens prefilled.
     pub prefilled_tokens: u64,
-    /// Prompt tokens reused from a slot's cache.
+    /// Prompt tokens reused from a slot's cache (its own or, copied, another's).
     pub reused_tokens: u64,
+    /// Of those, the tokens copied from another slot's cache.
+    pub shared_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
     /// Steps run.
