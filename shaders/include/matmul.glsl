@@ -1,11 +1,12 @@
 // What the two matmul kernels share: Y = W · X for a batch of tokens, W read in place
-// from GGUF blocks (quant.glsl), with the fusions of DESIGN.md as build-time variants.
+// from GGUF blocks (quant.glsl), with the fusions of docs/design.md as build-time variants.
 // CPU twins: reference::kernels::matvec / matmul, composed with rmsnorm (IN_RMSNORM),
 // add (OUT_ADD), rope + KV-cache write (OUT_QKV) and swiglu (OUT_GLU).
 // Kernels: matmul.comp (lanes own rows), matmul_split.comp (lanes split each row).
 //
 // Every mode is a define (variants listed in crates/vk/build.rs), not a specialization
-// constant: lavapipe 22.3 compiles a spec constant's dead branches too (FACTS.md).
+// constant: lavapipe 22.3 compiles a spec constant's dead branches too (docs/facts.md,
+// "Decode kernels on lavapipe").
 //   WTYPE_*      the weight type (quant.glsl)
 //   TB           tokens per invocation (1 or 4; the column split takes 1)
 //   IN_RMSNORM   X = x∘g; the sums are scaled by 1/rms of the raw residual XR

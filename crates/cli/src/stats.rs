@@ -130,9 +130,9 @@ pub fn print_profile(rows: &[engine::KernelTime]) {
     }
     match read_bandwidth_gbs() {
         Some(g) => errln!(
-            "machine reads {g:.1} GB/s (measured now: 2 threads summing 128 MiB; FACTS.md: ~31 GB/s on the CI machine)"
+            "machine reads {g:.1} GB/s (measured now: 2 threads summing 128 MiB; docs/facts.md: ~31 GB/s on the CI machine)"
         ),
-        None => errln!("machine reads ~31 GB/s (FACTS.md; measuring here failed)"),
+        None => errln!("machine reads ~31 GB/s (docs/facts.md; measuring here failed)"),
     }
 }
 

@@ -439,9 +439,9 @@ fn convert_refuses_aliased_tensors() {
     assert!(!out.exists());
 }
 
-/// The types llama-quantize d775b8967 gives SmolLM2-135M's 211 weights (FACTS.md): the
-/// single K types fall back where rows are 576 wide, only the 30 ffn_down (1536 wide)
-/// get the K type; the mixes follow its Q4_K_M/Q5_K_M rules.
+/// The types llama-quantize d775b8967 gives SmolLM2-135M's 211 weights (docs/facts.md,
+/// "K-quants and row width"): the single K types fall back where rows are 576 wide, only
+/// the 30 ffn_down (1536 wide) get the K type; the mixes follow its Q4_K_M/Q5_K_M rules.
 #[test]
 fn convert_default_model_to_every_type() {
     use GgmlType::*;

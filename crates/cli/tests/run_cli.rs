@@ -139,7 +139,8 @@ fn vulkan_greedy_decode_prints_paris_and_its_stats() {
         Some(q8().metadata().unwrap().len())
     );
     assert!(s["decode_tok_s"].as_f64().unwrap() > 0.0);
-    // Condition 2 of DESIGN.md: with greedy sampling the host reads back one u32 per token.
+    // Condition 2 of docs/design.md ("The three conditions"): with greedy sampling the
+    // host reads back one u32 per token.
     let n_tokens = PARIS.len() as u64 + 1;
     assert_eq!(s["bytes_read_back"].as_u64(), Some(4 * n_tokens), "{s}");
 }

@@ -1,7 +1,7 @@
 //! The Llama graph bound to the GPU: for every dispatch of a token, the weight views,
 //! activation buffers and the descriptor set that ties them together, built once at load.
 //!
-//! Per layer (DESIGN.md, "Decode"), five dispatches:
+//! Per layer (docs/design.md, "Decode"), five dispatches:
 //! 1. `qkv`: rmsnorm(x, attn_norm) folded into the input of q/k/v (one dispatch over three
 //!    weight views); rope on q and k; k and v written into the cache row of their position;
 //! 2. `attention`: causal GQA attention over the cache;

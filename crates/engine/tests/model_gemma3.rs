@@ -25,7 +25,7 @@ use reference::{forward, forward_layers, generate_greedy_traced, Model, State};
 const FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// First-position logits: |gpu - reference| at most this (the bound).
 const LOGIT_TOL: f32 = 0.002;
-/// `<eos>`, `<end_of_turn>`: generation ends on these (FACTS.md).
+/// `<eos>`, `<end_of_turn>`: generation ends on these (docs/facts.md, "Gemma 3 270M").
 const EOG: [u32; 2] = [1, 106];
 
 /// The four prompts, as llama.cpp tokenizes them (BOS 2 first).

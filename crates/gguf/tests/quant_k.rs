@@ -262,8 +262,9 @@ fn plan_counts(
 fn type_plan_matches_llama_quantize_on_smollm2() {
     use GgmlType::*;
     let t = smollm2_like();
-    // llama-quantize d775b8967 on SmolLM2-135M (FACTS.md): --pure falls back for the
-    // 181 tensors 576 wide; only the 30 ffn_down (1536 wide) get the K type.
+    // llama-quantize d775b8967 on SmolLM2-135M (docs/facts.md, "K-quants and row
+    // width"): --pure falls back for the 181 tensors 576 wide; only the 30 ffn_down (1536
+    // wide) get the K type.
     for (k, fb) in [
         (Q4_K, Q5_0),
         (Q5_K, Q5_1),

@@ -3,10 +3,10 @@
 //! architecture the model description (`arch`) knows: llama (with Llama 3's
 //! `rope_freqs`), qwen2, qwen3, gemma3.
 //!
-//! This crate is the yardstick the Vulkan decoder is measured against (DESIGN.md,
-//! STYLE.md §6), so it is written to be obviously right rather than fast: weights are
-//! dequantised to f32 at load, every step is a named function, single-threaded. Its
-//! structure follows llama2.c's `run.c`. [`synthetic`] writes tiny random models with the
+//! This crate is the yardstick the Vulkan decoder is measured against (docs/design.md):
+//! every GPU kernel and whole forward pass is tested against it, so it is written to be
+//! obviously right rather than fast: weights are dequantised to f32 at load, every step is
+//! a named function, single-threaded. Its structure follows llama2.c's `run.c`. [`synthetic`] writes tiny random models with the
 //! project's GGUF writer for whole-model tests of the GPU path.
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,5 @@
 //! Tiny random models written with the project's own GGUF writer, shared with the GPU
-//! tests (STYLE.md §6: a 2-layer, dim-64 model tests the whole forward pass), for every
+//! tests (a 2-layer, dim-64 model is enough to test the whole forward pass), for every
 //! family the model description knows: llama (and Llama 3's `rope_freqs`), qwen2, qwen3,
 //! gemma3.
 //!

@@ -19,7 +19,7 @@ use reference::{forward, forward_layers, generate_greedy_traced, Model, State};
 use tokenizer::Tokenizer;
 
 const FILE: &str = "gemma-3-270m-q4_k_m.gguf";
-/// `<eos>`, `<end_of_turn>`: llama.cpp stops on these (FACTS.md).
+/// `<eos>`, `<end_of_turn>`: llama.cpp stops on these (docs/facts.md, "Gemma 3 270M").
 const EOG: [u32; 2] = [1, 106];
 
 struct Gemma {

@@ -1,6 +1,7 @@
 //! Texel buffer views: a buffer range read by shaders with `texelFetch`. On lavapipe a
 //! texel fetch is a plain gather with no per-lane branch, where a storage-buffer load
-//! inside control flow becomes a per-lane loop (FACTS.md, "Decode kernels on lavapipe").
+//! inside control flow becomes a per-lane loop (docs/facts.md, "Decode kernels on
+//! lavapipe").
 
 use std::sync::Arc;
 

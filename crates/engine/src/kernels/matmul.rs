@@ -1,5 +1,6 @@
 //! `matmul.comp` and `matmul_split.comp`: `Y = W·X` with the weights read in place
-//! from their GGUF blocks, and the fused epilogues of DESIGN.md as build-time variants.
+//! from their GGUF blocks, and the fused epilogues of docs/design.md ("Decode") as
+//! build-time variants.
 //! The contract: [`MatmulPush`] (push constants), [`MatmulKey`] (the variant and its
 //! pipeline), [`MatmulBindings`] (set 0, in binding order).
 

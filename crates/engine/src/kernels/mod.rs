@@ -7,9 +7,9 @@
 //! - `matmul.comp` (lanes own rows) and `matmul_split.comp` (lanes split each row's
 //!   columns, one token): `Y = W·X`, weights read in place from the GGUF blocks (Q8_0,
 //!   Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16, F32, and the K-quants Q4_K, Q5_K, Q6_K, Q3_K,
-//!   Q2_K), with the fusions of DESIGN.md as build-time variants ([`Epilogue`]): rmsnorm
-//!   folded into the input, and the output stored, added to the residual, rope-rotated
-//!   into q and the KV cache, or gated by SwiGLU;
+//!   Q2_K), with the fusions of docs/design.md ("Decode") as build-time variants
+//!   ([`Epilogue`]): rmsnorm folded into the input, and the output stored, added to the
+//!   residual, rope-rotated into q and the KV cache, or gated by SwiGLU;
 //! - `matmul_mm.comp`: the prefill GEMM over tiles of prompt tokens (same contract);
 //! - `attention.comp`: causal GQA attention of a batch over the KV cache;
 //! - `argmax.comp`: the greedy token on the GPU;

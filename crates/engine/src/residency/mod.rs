@@ -1,7 +1,7 @@
 //! Weight residency: every tensor becomes a view `(buffer, offset, range)`; kernels
 //! cannot tell whether the bytes are the file's own pages (import), anonymous memory
 //! read from the file (import of a copy, for drivers that refuse file pages), or a
-//! device-local copy (the baseline). See DESIGN.md, "Weight residency".
+//! device-local copy (the baseline). See docs/design.md, "Weight residency".
 #![deny(unsafe_code)]
 
 mod plan;
