@@ -124,6 +124,17 @@ fn llama_server_routes_and_flags() {
         (v["stop"].as_bool(), v["stop_type"].as_str()),
         (Some(true), Some("limit"))
     );
+    assert_eq!(v["has_new_line"], want.contains('\n'), "{v}");
+    let settings = &v["generation_settings"];
+    assert_eq!(
+        (
+            &settings["n_predict"],
+            &settings["temperature"],
+            &settings["n_probs"]
+        ),
+        (&json!(8), &json!(0.0), &json!(2)),
+        "{v}"
+    );
     let probs = v["completion_probabilities"].as_array().unwrap();
     assert_eq!(probs.len(), 8);
     for p in probs {
@@ -148,6 +159,8 @@ fn llama_server_routes_and_flags() {
     let last = events.last().unwrap();
     assert_eq!(last["stop"], true, "{last}");
     assert_eq!(last["tokens_predicted"], 8);
+    assert_eq!(last["has_new_line"], want.contains('\n'), "{last}");
+    assert_eq!(last["generation_settings"]["stream"], true, "{last}");
     let text: String = events
         .iter()
         .map(|e| e["content"].as_str().unwrap())
@@ -182,6 +195,17 @@ fn llama_server_routes_and_flags() {
     assert_eq!(r.status, 200, "{}", r.text());
     let a = r.json();
     assert_eq!(a["usage"]["completion_tokens"], 6, "{a}");
+    let fingerprint = a["system_fingerprint"].as_str().unwrap_or_default();
+    assert!(fingerprint.starts_with("vkdecode-"), "{a}");
+    // /metrics says when the server started, as llama-server's header does
+    let started: u64 = (s.get("/metrics").header("process-start-time-unix"))
+        .and_then(|t| t.parse().ok())
+        .expect("a Process-Start-Time-Unix header on /metrics");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(started <= now && now - started < 3600, "{started} vs {now}");
     let b = s
         .post(
             "/completions",

@@ -128,6 +128,9 @@ impl Head {
             "object": self.object(chunk),
             "created": self.created,
             "model": self.model,
+            // the build that answered: the same request with the same seed on the same
+            // fingerprint gives the same text
+            "system_fingerprint": concat!("vkdecode-", env!("CARGO_PKG_VERSION")),
             "choices": choices,
         });
         if let Some((u, queued_ms)) = usage {

@@ -183,6 +183,7 @@ pub fn unix_now() -> u64 {
 
 /// Every route.
 pub fn router(state: Arc<AppState>) -> Router {
+    status::started_unix();
     let api = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))

@@ -9,8 +9,8 @@
 //! `presence_penalty`, `frequency_penalty`; `logit_bias` as `[[id, bias], ...]` or an
 //! object, `false` for a bias of -inf). The answer is llama-server's: `content`,
 //! `tokens_predicted`, `tokens_evaluated`, `stop`, `stop_type` (`eos`, `word`, `limit`),
-//! `stopping_word`, `truncated`, `timings`, and `completion_probabilities` with
-//! `n_probs`; a stream sends `data: {"content": ..., "stop": false}` per piece and a last
+//! `stopping_word`, `truncated`, `has_new_line`, `timings`, `generation_settings` (the
+//! request's settings as run), and `completion_probabilities` with `n_probs`; a stream sends `data: {"content": ..., "stop": false}` per piece and a last
 //! object with `stop: true` and the summary.
 
 use std::sync::Arc;
@@ -90,12 +90,31 @@ pub async fn completion(
     if checked.sampler.grammar.is_some() {
         Metrics::add(&st.metrics.constrained_requests, 1);
     }
+    let o = &checked.sampler;
+    let settings = json!({
+        "n_predict": max_tokens,
+        "seed": o.seed,
+        "temperature": o.temperature,
+        "top_k": o.top_k,
+        "top_p": o.top_p,
+        "min_p": o.min_p,
+        "repeat_penalty": o.repeat_penalty,
+        "repeat_last_n": o.repeat_last_n,
+        "presence_penalty": o.presence_penalty,
+        "frequency_penalty": o.frequency_penalty,
+        "n_probs": o.logprobs.unwrap_or(0),
+        "ignore_eos": checked.ignore_eos,
+        "stop": checked.stop,
+        "stream": checked.stream,
+    });
     let answer = Native1 {
         st: st.clone(),
         stop_words: checked.stop.clone(),
         n_probs: checked.sampler.logprobs.is_some(),
         content: String::new(),
+        new_line: false,
         probs: Vec::new(),
+        settings,
     };
     if checked.stream {
         stream_answer(answer, rx)
@@ -245,7 +264,11 @@ struct Native1 {
     stop_words: Vec<String>,
     n_probs: bool,
     content: String,
+    /// Whether the answer's text so far holds a line break (`has_new_line`).
+    new_line: bool,
     probs: Vec<engine::TokenLogprob>,
+    /// The request's settings as run (`generation_settings`).
+    settings: Value,
 }
 
 impl Native1 {
@@ -315,6 +338,8 @@ impl Native1 {
             "stopped_limit": finish == Finish::Length,
             "stopping_word": stopping_word,
             "truncated": false,
+            "has_new_line": self.new_line,
+            "generation_settings": self.settings,
             "timings": {
                 "cache_n": u.reused_tokens,
                 "prompt_n": u.prefilled_tokens,
@@ -337,7 +362,10 @@ impl Native1 {
 async fn whole_answer(mut a: Native1, mut rx: UnboundedReceiver<JobEvent>) -> Response {
     while let Some(event) = rx.recv().await {
         match event {
-            JobEvent::Text(t) => a.content.push_str(&t),
+            JobEvent::Text(t) => {
+                a.new_line |= t.contains('\n');
+                a.content.push_str(&t);
+            }
             JobEvent::Logprob(lp) => a.probs.push(lp),
             JobEvent::PromptLogprob(_) => {}
             JobEvent::Done { finish, usage, .. } => {
@@ -361,6 +389,7 @@ fn stream_answer(a: Native1, rx: UnboundedReceiver<JobEvent>) -> Response {
             let out = match rx.recv().await {
                 Some(JobEvent::Text(t)) if t.is_empty() => continue,
                 Some(JobEvent::Text(t)) => {
+                    a.new_line |= t.contains('\n');
                     let mut v = json!({"index": 0, "content": t, "tokens": [], "stop": false, "id_slot": -1});
                     if a.n_probs {
                         v["completion_probabilities"] = a.probs_json(&a.probs);

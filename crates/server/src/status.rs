@@ -2,7 +2,8 @@
 //! llama-server's `/props` and (read-only) `/slots`.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -55,10 +56,31 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                started_unix().to_string(),
+            ),
+        ],
         st.metrics.render(),
     )
         .into_response()
+}
+
+/// Unix time (seconds) when the router was built, i.e. when the server started; sent as
+/// llama-server's `Process-Start-Time-Unix` header with `/metrics`, so a scraper can tell
+/// a restart from a counter reset.
+pub fn started_unix() -> u64 {
+    static STARTED: OnceLock<u64> = OnceLock::new();
+    *STARTED.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
 }
 
 /// `GET /props`: llama-server's description of the server (what its clients read: the
