@@ -5,8 +5,14 @@
 //! module per variant, named `<stem>.<variant>`, and one `Kernel` each. Modes are defines,
 //! not specialization constants: lavapipe compiles a constant's dead branches too
 //! (FACTS.md), so each module holds only the code its variant runs. Only the variants
-//! the engine can ask for are listed. The modules are embedded with `include_bytes!`.
-//! `GLSLC` overrides the compiler's path.
+//! the engine can ask for are listed.
+//!
+//! The modules are embedded packed: one zstd frame per group of modules ([`group_of`]:
+//! the stem and first variant part, `matmul.q8_0`), since the variants of one shader
+//! share most of their bytes and compress together to a sixth of their 54 MiB, where
+//! each alone only shrinks to two sevenths. A group is decompressed the first time one
+//! of its kernels is asked for (`Kernel::spirv`), so a model unpacks only the weight
+//! types it has. `GLSLC` overrides the compiler's path.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -313,6 +319,42 @@ fn run_glslc(glslc: &str, include: &Path, comp: &Path, v: &Variant, spv: &Path) 
     }
 }
 
+/// The group module `name` is packed with: `stem.first_variant_part` (`matmul.q8_0` of
+/// `matmul.q8_0.tb1.add`), or the whole name when it has fewer parts. The variants a
+/// model of one weight type asks for are unpacked together.
+fn group_of(name: &str) -> &str {
+    match name.match_indices('.').nth(1) {
+        Some((i, _)) => &name[..i],
+        None => name,
+    }
+}
+
+/// zstd level of the packs: 19 is the last level before `--ultra` memory, and a pack is
+/// recompressed only when its modules change (a stamp, like the modules').
+const PACK_LEVEL: i32 = 19;
+
+/// Compresses `bytes` (one group's modules, concatenated) into `zst`, reusing the file
+/// when its stamp records the same contents and level.
+fn pack(bytes: &[u8], zst: &Path) {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    let stamp = format!("zstd {PACK_LEVEL} long contents {:016x}", h.finish());
+    let stamp_path = zst.with_extension("zst.stamp");
+    let same = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+    if same && zst.exists() {
+        return;
+    }
+    let mut enc = zstd::bulk::Compressor::new(PACK_LEVEL).expect("zstd compressor");
+    // a window over the whole group, so a variant finds its siblings' matching code
+    let window_log = (u64::BITS - (bytes.len() as u64).leading_zeros()).clamp(10, 27);
+    enc.window_log(window_log).expect("zstd window");
+    enc.long_distance_matching(true).expect("zstd long mode");
+    let frame = enc.compress(bytes).expect("zstd compress");
+    std::fs::write(zst, frame).expect("write a pack");
+    std::fs::write(&stamp_path, stamp).expect("write the pack's stamp");
+}
+
 /// One module to build: kernel ident, name, source, variant.
 struct Job {
     ident: String,
@@ -471,25 +513,59 @@ fn main() {
             kinds.join(", ")
         );
     }
-    gen.push_str("        }\n    }\n\n    /// The SPIR-V words.\n    pub fn spirv(self) -> &'static [u32] {\n        let bytes: &'static [u8] = match self {\n");
-    for j in &jobs {
+    // Packs in order of first appearance; each module's word range in its pack.
+    let mut packs: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut placed: Vec<(usize, usize, usize)> = Vec::new();
+    for (j, w) in jobs.iter().zip(&words) {
+        let group = group_of(&j.name);
+        let p = match packs.iter().position(|(g, _)| *g == group) {
+            Some(p) => p,
+            None => {
+                packs.push((group, Vec::new()));
+                packs.len() - 1
+            }
+        };
+        let start = packs[p].1.len() / 4;
+        packs[p].1.extend(w.iter().flat_map(|x| x.to_le_bytes()));
+        placed.push((p, start, start + w.len()));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((group, bytes)) = packs.get(i) else {
+                    break;
+                };
+                pack(bytes, &out_dir.join(format!("{group}.zst")));
+            });
+        }
+    });
+
+    gen.push_str("        }\n    }\n\n    /// The pack holding this kernel's module, and the module's word range in it.\n    fn packed(self) -> (usize, std::ops::Range<usize>) {\n        match self {\n");
+    for (j, (p, start, end)) in jobs.iter().zip(&placed) {
         let _ = writeln!(
             gen,
-            "            Kernel::{} => &SPIRV_{}.0,",
-            j.ident,
-            j.ident.to_ascii_uppercase()
+            "            Kernel::{} => ({p}, {start}..{end}),",
+            j.ident
         );
     }
-    gen.push_str("        };\n        bytemuck::cast_slice(bytes)\n    }\n}\n\n");
-    gen.push_str("/// SPIR-V bytes, 4-byte aligned so they can be read as words.\n#[repr(C, align(4))]\nstruct Aligned<B: ?Sized>(B);\n\n");
-    for j in &jobs {
-        let spv = out_dir.join(format!("{}.spv", j.name));
+    gen.push_str("        }\n    }\n}\n\n");
+    let _ = writeln!(
+        gen,
+        "/// How many packs there are.\nconst PACK_COUNT: usize = {};\n",
+        packs.len()
+    );
+    gen.push_str("/// The packs: a group's modules, concatenated, in one zstd frame.\nstatic PACKS: [Pack; PACK_COUNT] = [\n");
+    for (group, bytes) in &packs {
+        let zst = out_dir.join(format!("{group}.zst"));
         let _ = writeln!(
             gen,
-            "static SPIRV_{}: &Aligned<[u8]> = &Aligned(*include_bytes!({:?}));",
-            j.ident.to_ascii_uppercase(),
-            spv.display().to_string()
+            "    Pack {{ name: {group:?}, words: {}, zst: include_bytes!({:?}) }},",
+            bytes.len() / 4,
+            zst.display().to_string()
         );
     }
+    gen.push_str("];\n");
     std::fs::write(out_dir.join("kernels.rs"), gen).expect("write kernels.rs");
 }

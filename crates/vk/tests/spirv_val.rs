@@ -4,6 +4,10 @@
 //! rather than to one driver. What this `spirv-val` (2023.1) misses, a sampled image of
 //! a buffer (`samplerBuffer`, which Mesa 25 rejects), build.rs refuses itself.
 //!
+//! The modules checked are the words `Kernel::spirv` hands to Vulkan, unpacked from the
+//! embedded zstd packs, not build.rs's `.spv` files; a second test holds those words to
+//! the files glslc wrote.
+//!
 //! `spirv-val` comes from Debian's `spirv-tools` (scripts/setup installs it). The test
 //! fails without it unless `VKDECODE_ALLOW_NO_SPIRV_VAL=1`.
 
@@ -96,4 +100,38 @@ fn spirv_val_refuses_a_broken_module() {
     let got = validate(&exe, "vulkan1.2", &path);
     std::fs::remove_dir_all(&dir).ok();
     assert!(got.is_err(), "spirv-val accepted half a module");
+}
+
+/// The SPIR-V magic number, first word of every module.
+const SPIRV_MAGIC: u32 = 0x0723_0203;
+
+/// Every kernel unpacks to a whole module: the magic number, a 5-word header, then
+/// instructions whose word counts end exactly at the module's end; and to the very words
+/// glslc wrote to build.rs's output directory.
+#[test]
+fn every_module_unpacks_to_what_glslc_wrote() {
+    for &k in Kernel::ALL {
+        let words = k.spirv();
+        assert!(words.len() > 5, "{}: {} words", k.name(), words.len());
+        assert_eq!(words[0], SPIRV_MAGIC, "{}: magic number", k.name());
+        let mut i = 5;
+        while i < words.len() {
+            let count = (words[i] >> 16) as usize;
+            assert!(
+                count > 0,
+                "{}: zero-length instruction at word {i}",
+                k.name()
+            );
+            i += count;
+        }
+        assert_eq!(i, words.len(), "{}: last instruction overruns", k.name());
+        let spv = Path::new(env!("OUT_DIR")).join(format!("{}.spv", k.name()));
+        let compiled = std::fs::read(&spv).unwrap_or_else(|e| panic!("{}: {e}", spv.display()));
+        assert!(
+            bytemuck::cast_slice::<u32, u8>(words) == compiled.as_slice(),
+            "{} unpacks to other words than {}",
+            k.name(),
+            spv.display()
+        );
+    }
 }
