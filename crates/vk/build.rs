@@ -4,8 +4,8 @@
 //! `-D` defines that select it; a shader with no list is compiled once), giving one SPIR-V
 //! module per variant, named `<stem>.<variant>`, and one `Kernel` each. Modes are defines,
 //! not specialization constants: lavapipe compiles a constant's dead branches too
-//! (FACTS.md), so each module holds only the code its variant runs. Only the variants
-//! the engine can ask for are listed.
+//! (docs/facts.md, "Decode kernels on lavapipe"), so each module holds only the code its
+//! variant runs. Only the variants the engine can ask for are listed.
 //!
 //! The modules are embedded packed: one zstd frame per group of modules ([`group_of`]:
 //! the stem and first variant part, `matmul.q8_0`), since the variants of one shader

@@ -1,7 +1,7 @@
 //! A decoding session: the weights, every pipeline and descriptor set, the activation
 //! buffers and the KV cache, all created at load; then `prefill` and `decode_*`.
 //!
-//! Per decode token (DESIGN.md, the three conditions): the host writes the token id and
+//! Per decode token (docs/design.md, "The three conditions"): the host writes the token id and
 //! its position into the step buffer, submits ONE pre-recorded command buffer and waits
 //! on ONE fence; greedy decoding reads back 4 bytes (the argmax taken on the GPU), and the
 //! logits are read back only when sampling needs them. Nothing is allocated per token.
