@@ -1,10 +1,11 @@
 //! The bounds-checked cursor the reader parses with: little-endian scalars, strings and
 //! metadata values, each checked against the bytes really there before it is used.
 
-use crate::array::ScalarArray;
 use crate::error::GgufError;
-use crate::reader::MAX_ARRAY_DEPTH;
-use crate::types::{Value, ValueType};
+use crate::types::{ScalarArray, Value, ValueType};
+
+/// Deepest nesting of arrays accepted (arrays of arrays of ...).
+pub const MAX_ARRAY_DEPTH: usize = 8;
 
 /// A bounds-checked little-endian reader.
 pub(crate) struct Cursor<'a> {
@@ -152,7 +153,7 @@ impl<'a> Cursor<'a> {
                 if let Some(size) = elem_ty.scalar_size() {
                     // Numbers and bools: one compact vector straight from the bytes.
                     let raw = self.take(count * size, "array elements")?;
-                    return ScalarArray::decode(elem_ty, raw)
+                    return scalar_array(elem_ty, raw)
                         .expect("a type with a scalar size is a scalar")
                         .map(Value::Scalars);
                 }
@@ -204,4 +205,54 @@ pub(crate) fn align_up(x: u64, align: u64) -> Option<u64> {
     } else {
         x.checked_add(align - rem)
     }
+}
+
+/// Decodes `bytes` as consecutive `N`-byte elements into a vector reserved up front.
+fn decode_le<T, const N: usize>(
+    bytes: &[u8],
+    what: &'static str,
+    f: impl Fn([u8; N]) -> T,
+) -> Result<Vec<T>, GgufError> {
+    let n = bytes.len() / N;
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| GgufError::OutOfMemory {
+            what,
+            bytes: (n as u128) * std::mem::size_of::<T>() as u128,
+        })?;
+    out.extend(bytes.chunks_exact(N).map(|c| {
+        let mut a = [0u8; N];
+        a.copy_from_slice(c);
+        f(a)
+    }));
+    Ok(out)
+}
+
+/// Decodes `bytes` (exactly the elements, `len * size` bytes) as an array of `ty`.
+/// `None` when `ty` is not a scalar type (string or array).
+fn scalar_array(ty: ValueType, bytes: &[u8]) -> Option<Result<ScalarArray, GgufError>> {
+    let what = "metadata array";
+    Some(match ty {
+        ValueType::U8 => decode_le(bytes, what, |[b]: [u8; 1]| b).map(ScalarArray::U8),
+        ValueType::I8 => decode_le(bytes, what, i8::from_le_bytes).map(ScalarArray::I8),
+        ValueType::U16 => decode_le(bytes, what, u16::from_le_bytes).map(ScalarArray::U16),
+        ValueType::I16 => decode_le(bytes, what, i16::from_le_bytes).map(ScalarArray::I16),
+        ValueType::U32 => decode_le(bytes, what, u32::from_le_bytes).map(ScalarArray::U32),
+        ValueType::I32 => decode_le(bytes, what, i32::from_le_bytes).map(ScalarArray::I32),
+        ValueType::F32 => decode_le(bytes, what, f32::from_le_bytes).map(ScalarArray::F32),
+        ValueType::U64 => decode_le(bytes, what, u64::from_le_bytes).map(ScalarArray::U64),
+        ValueType::I64 => decode_le(bytes, what, i64::from_le_bytes).map(ScalarArray::I64),
+        ValueType::F64 => decode_le(bytes, what, f64::from_le_bytes).map(ScalarArray::F64),
+        ValueType::Bool => {
+            if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                return Some(Err(GgufError::WrongType {
+                    key: format!("(bool array element {i})"),
+                    expected: "0 or 1",
+                    found: bytes[i].to_string(),
+                }));
+            }
+            decode_le(bytes, what, |[b]: [u8; 1]| b == 1).map(ScalarArray::Bool)
+        }
+        ValueType::String | ValueType::Array => return None,
+    })
 }

@@ -8,7 +8,6 @@
 //! [`GgufFile::open`].
 #![deny(unsafe_code)]
 
-mod array;
 mod cursor;
 mod error;
 mod file;
@@ -17,12 +16,12 @@ mod reader;
 mod types;
 pub mod writer;
 
-pub use array::ScalarArray;
+pub use cursor::MAX_ARRAY_DEPTH;
 pub use error::GgufError;
 pub use file::GgufFile;
 pub use quant::{dequantize, dequantize_row, quantize_q8_0};
-pub use reader::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
-pub use types::{GgmlType, Value, ValueType};
+pub use reader::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+pub use types::{GgmlType, ScalarArray, Value, ValueType};
 pub use writer::GgufWriter;
 
 /// `general.file_type` value for "mostly Q8_0" (llama.cpp `LLAMA_FTYPE_MOSTLY_Q8_0`).

@@ -8,10 +8,9 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
-use crate::array::ScalarArray;
 use crate::cursor::{align_up, capacity_hint, Cursor};
 use crate::error::{wrong_type, GgufError};
-use crate::types::{GgmlType, Value, ValueType};
+use crate::types::{GgmlType, ScalarArray, Value, ValueType};
 
 /// The four magic bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -19,8 +18,6 @@ pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Most dimensions a tensor may have (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: usize = 4;
-/// Deepest nesting of arrays accepted (arrays of arrays of ...).
-pub const MAX_ARRAY_DEPTH: usize = 8;
 
 /// One tensor's description from the header.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use crate::array::ScalarArray;
+mod array;
+
+pub use array::ScalarArray;
 
 /// A tensor's element type, with ggml's numbering (`GgmlType::Q8_0 as u32 == 8`).
 ///

@@ -3,11 +3,10 @@
 //! A [`Value`] takes 32 bytes; a u8 array read as `Vec<Value>` took 32 times its size in
 //! the file (a 50M-element array cost 1.6 GB). The reader keeps every array whose
 //! elements are numbers or bools as one of these instead: one element costs what it
-//! costs in the file, and the one allocation is made with `try_reserve`, so a file that
-//! does not fit in memory is an error, not an abort.
+//! costs in the file (the cursor decodes them with one `try_reserve`d allocation, so a
+//! file that does not fit in memory is an error, not an abort).
 
-use crate::error::GgufError;
-use crate::types::{Value, ValueType};
+use super::{Value, ValueType};
 
 /// An array of one scalar type, as stored in the file (little-endian decoded).
 #[derive(Clone, Debug, PartialEq)]
@@ -25,57 +24,7 @@ pub enum ScalarArray {
     F64(Vec<f64>),
 }
 
-/// Decodes `bytes` as consecutive `N`-byte elements into a vector reserved up front.
-fn decode<T, const N: usize>(
-    bytes: &[u8],
-    what: &'static str,
-    f: impl Fn([u8; N]) -> T,
-) -> Result<Vec<T>, GgufError> {
-    let n = bytes.len() / N;
-    let mut out = Vec::new();
-    out.try_reserve_exact(n)
-        .map_err(|_| GgufError::OutOfMemory {
-            what,
-            bytes: (n as u128) * std::mem::size_of::<T>() as u128,
-        })?;
-    out.extend(bytes.chunks_exact(N).map(|c| {
-        let mut a = [0u8; N];
-        a.copy_from_slice(c);
-        f(a)
-    }));
-    Ok(out)
-}
-
 impl ScalarArray {
-    /// Decodes `bytes` (exactly the elements, `len * size` bytes) as an array of `ty`.
-    /// `None` when `ty` is not a scalar type (string or array).
-    pub(crate) fn decode(ty: ValueType, bytes: &[u8]) -> Option<Result<ScalarArray, GgufError>> {
-        let what = "metadata array";
-        Some(match ty {
-            ValueType::U8 => decode(bytes, what, |[b]: [u8; 1]| b).map(ScalarArray::U8),
-            ValueType::I8 => decode(bytes, what, i8::from_le_bytes).map(ScalarArray::I8),
-            ValueType::U16 => decode(bytes, what, u16::from_le_bytes).map(ScalarArray::U16),
-            ValueType::I16 => decode(bytes, what, i16::from_le_bytes).map(ScalarArray::I16),
-            ValueType::U32 => decode(bytes, what, u32::from_le_bytes).map(ScalarArray::U32),
-            ValueType::I32 => decode(bytes, what, i32::from_le_bytes).map(ScalarArray::I32),
-            ValueType::F32 => decode(bytes, what, f32::from_le_bytes).map(ScalarArray::F32),
-            ValueType::U64 => decode(bytes, what, u64::from_le_bytes).map(ScalarArray::U64),
-            ValueType::I64 => decode(bytes, what, i64::from_le_bytes).map(ScalarArray::I64),
-            ValueType::F64 => decode(bytes, what, f64::from_le_bytes).map(ScalarArray::F64),
-            ValueType::Bool => {
-                if let Some(i) = bytes.iter().position(|&b| b > 1) {
-                    return Some(Err(GgufError::WrongType {
-                        key: format!("(bool array element {i})"),
-                        expected: "0 or 1",
-                        found: bytes[i].to_string(),
-                    }));
-                }
-                decode(bytes, what, |[b]: [u8; 1]| b == 1).map(ScalarArray::Bool)
-            }
-            ValueType::String | ValueType::Array => return None,
-        })
-    }
-
     /// The element type.
     pub fn elem_type(&self) -> ValueType {
         match self {
