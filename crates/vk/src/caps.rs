@@ -5,7 +5,9 @@ use std::fmt;
 
 use ash::vk;
 
-pub use crate::subgroup::{SubgroupGuarantee, SubgroupSizeControl};
+mod subgroup;
+
+pub use subgroup::{SubgroupGuarantee, SubgroupSizeControl};
 
 /// Kind of physical device, as the driver reports it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,6 @@ mod error;
 mod import;
 mod kernels;
 mod pipeline;
-mod subgroup;
 pub mod testing;
 mod texel;
 pub mod validation;

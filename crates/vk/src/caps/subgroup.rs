@@ -2,7 +2,7 @@
 //! and whether a compute workgroup of some number of lanes is exactly one subgroup, which
 //! kernels reducing a workgroup with one `subgroupAdd` need.
 
-use crate::caps::Capabilities;
+use super::Capabilities;
 
 /// What `VK_EXT_subgroup_size_control` (core in Vulkan 1.3) says about a device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
