@@ -31,15 +31,15 @@ use vk::{BufferBinding, BufferView, DescriptorSet};
 use crate::activations::Activations;
 use crate::graph::GraphShape;
 use crate::kernels::{
-    self, k_texel_aligned, ArgmaxBindings, AttentionPush, InMode, Kernels, MatmulBindings, OutMode,
-    Slot, CHUNK,
+    self, k_texel_aligned, ArgmaxBindings, AttentionPush, Kernels, MatmulBindings, OutMode, Slot,
+    CHUNK,
 };
 use crate::residency::{TensorView, ViewPart, Weights};
 use crate::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::views::Views;
 use crate::EngineError;
 
-pub use crate::kernels::{Batch, MatmulShape};
+pub use crate::kernels::{Batch, MatmulShape, MatmulVariant};
 
 /// lavapipe's decode shape (`kernels::LAVAPIPE`; the device's own: `Kernels::shapes`).
 pub const DECODE_SHAPE: MatmulShape = kernels::LAVAPIPE.decode;
@@ -47,24 +47,6 @@ pub const DECODE_SHAPE: MatmulShape = kernels::LAVAPIPE.decode;
 pub const PREFILL_SHAPE: MatmulShape = kernels::GEMM_SHAPE;
 /// lavapipe's prefill shape where the GEMM cannot run: matmul.comp 4 tokens at a time.
 pub const PREFILL_MATVEC_SHAPE: MatmulShape = kernels::LAVAPIPE.prefill;
-
-/// What selects a matmul dispatch's pipeline, apart from the batch kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatmulVariant {
-    pub wtype: GgmlType,
-    pub in_mode: InMode,
-    pub out_mode: OutMode,
-    /// Reads only the last token of the batch (the logits).
-    pub last_token_only: bool,
-    /// `MatmulKey::split_k` of the one-token pipeline (0: lanes own rows).
-    pub split_k: u32,
-    /// `MatmulKey::pairs` of the one-token column-split pipeline, chosen for the rows of
-    /// the dispatch ([`Kernels::decode_pairs`]); 0: the shape's own.
-    pub pairs: u32,
-    /// `MatmulKey::texel_aligned`, from the dispatch's slots
-    /// ([`k_texel_aligned`]).
-    pub texel_aligned: bool,
-}
 
 /// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
 /// it reads lies in binding 0 at its own word offset (one texel view spanning q, k and v,

@@ -72,6 +72,24 @@ impl OutMode {
     }
 }
 
+/// What selects a matmul dispatch's pipeline, apart from the batch kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulVariant {
+    pub wtype: GgmlType,
+    pub in_mode: InMode,
+    pub out_mode: OutMode,
+    /// Reads only the last token of the batch (the logits).
+    pub last_token_only: bool,
+    /// `MatmulKey::split_k` of the one-token pipeline (0: lanes own rows).
+    pub split_k: u32,
+    /// `MatmulKey::pairs` of the one-token column-split pipeline, chosen for the rows of
+    /// the dispatch ([`super::Kernels::decode_pairs`]); 0: the shape's own.
+    pub pairs: u32,
+    /// `MatmulKey::texel_aligned`, from the dispatch's slots
+    /// ([`k_texel_aligned`]).
+    pub texel_aligned: bool,
+}
+
 /// One matmul pipeline: the build-time variant (weight type, epilogue, tokens per
 /// invocation, column split) and the three specialisation constants left (workgroup size
 /// and pairs per invocation: loop bounds; whether the K-quant super-blocks start on

@@ -221,7 +221,7 @@ impl Kernels {
     /// device's shapes.
     pub fn matmul_key(
         &self,
-        v: &crate::model::MatmulVariant,
+        v: &MatmulVariant,
         batch: Batch,
         neox: bool,
         head_dim: u32,
@@ -250,7 +250,7 @@ impl Kernels {
         }
     }
 
-    /// [`crate::model::MatmulVariant::pairs`] for a one-token column-split dispatch over
+    /// [`MatmulVariant::pairs`] for a one-token column-split dispatch over
     /// views of `rows` rows: on a CPU device, the pairs that spread its workgroups evenly
     /// over the device's threads ([`MatmulShape::balanced_pairs`]); elsewhere, or without
     /// the split, 0 (the shape's own).

@@ -124,7 +124,7 @@ impl Weights {
             }
         };
 
-        let file_resident_bytes = crate::memstats::file_resident_bytes(file.bytes());
+        let file_resident_bytes = super::sys::resident_bytes(file.bytes()).unwrap_or(0);
         let share = if model_bytes == 0 {
             1.0
         } else {
