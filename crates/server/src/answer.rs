@@ -23,7 +23,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::conn::PeerEof;
 use crate::error::ApiError;
-use crate::http::AppState;
+use crate::state::AppState;
 use crate::job::{Finish, JobEvent, Usage};
 use crate::logprobs::{self, CompletionLogprobs};
 use crate::params::Checked;
@@ -66,7 +66,7 @@ pub(crate) async fn respond(
             },
             st.next_id()
         ),
-        created: crate::http::unix_now(),
+        created: crate::state::unix_now(),
         model: st.opts.model_id.clone(),
         kind,
     };

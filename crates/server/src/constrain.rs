@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::http::AppState;
+use crate::state::AppState;
 
 /// The constraint fields of a request body, as raw JSON text.
 #[derive(Deserialize)]

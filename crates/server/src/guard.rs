@@ -23,7 +23,6 @@ use axum::response::{IntoResponse, Response};
 
 use crate::conn::LocalAddr;
 use crate::error::ApiError;
-use crate::http::AppState;
 
 /// Who may reach the server.
 #[derive(Clone, Debug, Default)]
@@ -97,8 +96,7 @@ pub fn normal_host(host: &str) -> String {
 }
 
 /// The layer that applies [`Access`] before any route.
-pub async fn access(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let access = &st.opts.access;
+pub async fn access(State(access): State<Arc<Access>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = headers
         .get(header::HOST)

@@ -24,13 +24,13 @@ use crate::answer::{self, Kind, Shape};
 use crate::conn::PeerEof;
 use crate::constrain;
 use crate::error::ApiError;
-use crate::http::AppState;
 use crate::job::Job;
 use crate::metrics::Metrics;
 use crate::params::{
     cap_max_tokens, ChatMessage, ChatRequest, Checked, CompletionRequest, Endpoint, Prompt,
 };
 use crate::scheduler::SubmitError;
+use crate::state::AppState;
 use crate::tools::{self, Tools};
 
 pub async fn chat(

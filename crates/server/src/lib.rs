@@ -35,6 +35,7 @@ mod native;
 mod page;
 pub mod params;
 pub mod scheduler;
+pub mod state;
 mod status;
 mod tokens;
 mod tools;
@@ -43,7 +44,8 @@ pub use crate::backend::{Completion, Request, SlotEngine, SlotEvent, StepReport,
 pub use crate::conn::ConnLimits;
 pub use crate::error::ApiError;
 pub use crate::guard::Access;
-pub use crate::http::{router, serve, AppState, ServerOptions};
+pub use crate::http::{router, serve};
 pub use crate::metrics::Metrics;
 pub use crate::scheduler::Scheduler;
+pub use crate::state::{AppState, ServerOptions};
 pub use engine::{Slots, SlotsInfo, SlotsOptions};

@@ -27,7 +27,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::constrain;
 use crate::error::ApiError;
-use crate::http::AppState;
+use crate::state::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
 use crate::metrics::Metrics;
 use crate::params::{cap_max_tokens, Checked, Endpoint, Sampling};

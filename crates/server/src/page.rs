@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
-use crate::http::AppState;
+use crate::state::AppState;
 
 /// The page, with `{{MODEL}}` where the model's name goes.
 const PAGE: &str = include_str!("../assets/chat.html");

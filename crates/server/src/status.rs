@@ -10,8 +10,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::http::AppState;
 use crate::metrics::Metrics;
+use crate::state::AppState;
 
 /// `GET /health`: 200 while serving, 503 once a shutdown began or the engine stopped.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::http::AppState;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 struct TokenizeRequest {
