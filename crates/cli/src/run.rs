@@ -15,6 +15,7 @@ use anyhow::{bail, Context as _, Result};
 use engine::generate::CtxRequest;
 use serde_json::json;
 
+use crate::sampling_args::SamplingArgs;
 use crate::stats::{parse_size, MemoryReport};
 
 /// Which implementation computes the forward pass.
@@ -74,89 +75,8 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
 
-    /// Sampling temperature; 0 (or below) is greedy (argmax computed on the GPU, 4 bytes
-    /// read back per token). Default: 0.8 as llama.cpp on the Vulkan backend, 0 on the
-    /// reference backend.
-    #[arg(long, allow_negative_numbers = true)]
-    pub temp: Option<f32>,
-
-    /// Keep only the K most likely tokens (0 disables).
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-
-    /// Keep the smallest set of tokens whose probability sums to P, 0 to 1 (1 disables).
-    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
-    pub top_p: f32,
-
-    /// Drop tokens less likely than P times the most likely one, 0 to 1 (0 disables).
-    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
-    pub min_p: f32,
-
-    /// Penalise tokens seen in the last --repeat-last-n tokens, above 0 (1.0 disables).
-    #[arg(
-        long = "repeat-penalty",
-        default_value_t = 1.0,
-        allow_negative_numbers = true
-    )]
-    pub repeat_penalty: f32,
-
-    /// How many recent tokens (prompt included, as llama.cpp) the repetition, frequency and
-    /// presence penalties look at; 0 disables them.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-
-    /// Subtract N from a token's logit per time it appears in the last --repeat-last-n
-    /// tokens, -2 to 2 (0 disables).
-    #[arg(
-        long = "frequency-penalty",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub frequency_penalty: f32,
-
-    /// Subtract N from the logit of any token that appears in the last --repeat-last-n
-    /// tokens, -2 to 2 (0 disables).
-    #[arg(
-        long = "presence-penalty",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub presence_penalty: f32,
-
-    /// Add BIAS to token TOKEN_ID's logit, as llama-cli: `15043+1`, `15043-0.5`; a bias of
-    /// `-inf` bans the token. Repeatable.
-    #[arg(long = "logit-bias", value_name = "TOKEN_ID(+|-)BIAS", value_parser = crate::sampling_args::parse_logit_bias)]
-    pub logit_bias: Vec<crate::sampling_args::LogitBias>,
-
-    /// Random seed for sampling (default: taken from the clock, and reported in the stats).
-    #[arg(long)]
-    pub seed: Option<u64>,
-
-    /// Constrain the output to a GBNF grammar (llama.cpp's syntax, `root` rule first), given
-    /// as text. The grammar masks the logits at every step; end-of-generation is allowed
-    /// only where the text is complete.
-    #[arg(long, value_name = "GBNF", group = "constraint")]
-    pub grammar: Option<String>,
-
-    /// Constrain the output to the GBNF grammar in FILE (see `grammars/` for examples).
-    #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
-    pub grammar_file: Option<PathBuf>,
-
-    /// Constrain the output to JSON that follows this JSON schema (a subset: objects,
-    /// arrays, enum, const, strings with length limits, numbers with bounds, anyOf, $ref;
-    /// a keyword it cannot enforce is refused by name). Properties come out in the
-    /// schema's order. `{}` allows any JSON value.
-    #[arg(
-        short = 'j',
-        long = "json-schema",
-        value_name = "SCHEMA",
-        group = "constraint"
-    )]
-    pub json_schema: Option<String>,
-
-    /// As --json-schema, the schema read from FILE.
-    #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]
-    pub json_schema_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 
     /// How the weights reach the GPU: auto, import (file pages, no copy) or copy (baseline).
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
@@ -270,9 +190,9 @@ pub fn run(args: Args) -> Result<()> {
     if args.n_predict == 0 || args.n_predict < -1 {
         bail!("-n must be positive, or -1 for \"until end of generation\"");
     }
-    crate::sampling_args::validate(&args)?;
+    crate::sampling_args::validate(&args.sampling)?;
     // A grammar or schema that does not compile is reported before the model loads.
-    let grammar = crate::sampling_args::grammar(&args)?;
+    let grammar = crate::sampling_args::grammar(&args.sampling)?;
     // Open the stats file first: a bad path is reported before the generation, not after.
     let mut stats_file = match &args.stats_json {
         Some(path) => Some(
@@ -322,12 +242,15 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the prompt tokenized to nothing");
     }
 
-    let temp = args.temp.unwrap_or(if args.backend == Backend::Reference {
-        0.0
-    } else {
-        0.8
-    });
-    let seed = args.seed.unwrap_or_else(|| {
+    let temp = args
+        .sampling
+        .temp
+        .unwrap_or(if args.backend == Backend::Reference {
+            0.0
+        } else {
+            0.8
+        });
+    let seed = args.sampling.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -382,14 +305,19 @@ pub fn run(args: Args) -> Result<()> {
         stop: args.stop.clone(),
         sampler: engine::SamplerOptions {
             temperature: temp,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            repeat_last_n: args.repeat_last_n,
-            frequency_penalty: args.frequency_penalty,
-            presence_penalty: args.presence_penalty,
-            logit_bias: args.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
+            top_k: args.sampling.top_k,
+            top_p: args.sampling.top_p,
+            min_p: args.sampling.min_p,
+            repeat_penalty: args.sampling.repeat_penalty,
+            repeat_last_n: args.sampling.repeat_last_n,
+            frequency_penalty: args.sampling.frequency_penalty,
+            presence_penalty: args.sampling.presence_penalty,
+            logit_bias: args
+                .sampling
+                .logit_bias
+                .iter()
+                .map(|b| (b.token, b.bias))
+                .collect(),
             logprobs: None,
             seed,
             grammar: grammar
