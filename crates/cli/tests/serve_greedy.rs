@@ -135,6 +135,7 @@ fn llama_server_routes_and_flags() {
         (&json!(8), &json!(0.0), &json!(2)),
         "{v}"
     );
+    assert_eq!(settings["logit_bias"], json!([]), "{v}");
     let probs = v["completion_probabilities"].as_array().unwrap();
     assert_eq!(probs.len(), 8);
     for p in probs {
@@ -149,7 +150,7 @@ fn llama_server_routes_and_flags() {
     // streamed: the same text, then a last object with the summary
     let r = s.post(
         "/completion",
-        &json!({"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": true}),
+        &json!({"prompt": prompt, "n_predict": 8, "temperature": 0, "stream": true, "ignore_eos": true}),
     );
     let events: Vec<serde_json::Value> = r
         .events()
@@ -161,6 +162,17 @@ fn llama_server_routes_and_flags() {
     assert_eq!(last["tokens_predicted"], 8);
     assert_eq!(last["has_new_line"], want.contains('\n'), "{last}");
     assert_eq!(last["generation_settings"]["stream"], true, "{last}");
+    // ignore_eos bans every end-of-generation token, listed as llama-server does
+    let banned = last["generation_settings"]["logit_bias"]
+        .as_array()
+        .unwrap();
+    assert!(!banned.is_empty(), "{last}");
+    assert!(
+        banned
+            .iter()
+            .all(|b| b["bias"].is_null() && b["token"].is_u64()),
+        "{last}"
+    );
     let text: String = events
         .iter()
         .map(|e| e["content"].as_str().unwrap())

@@ -286,38 +286,45 @@ fn errors_have_their_status_and_the_server_keeps_serving() {
 }
 
 /// A client that hangs up while it waits for a NON-streaming answer is cancelled like a
-/// streaming one: its slot is freed at a next step, not after its last token.
+/// streaming one: its slot is freed at a next step, not after its last token. On the
+/// OpenAI route and on llama-server's own `/completion` alike.
 #[test]
 fn a_client_gone_before_its_whole_answer_frees_its_slot() {
     let s = Server::start(&["--parallel", "1", "-c", "512"]);
-    let mut c = s.connect();
-    c.write_all(&request_bytes(
-        "POST",
-        "/v1/completions",
-        &[],
-        br#"{"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": true}"#,
-    ))
-    .unwrap();
-    wait_for("the request to generate", || {
-        s.metric("vkdecode_generated_tokens_total") >= 2.0
-    });
-    let cancelled = s.metric("vkdecode_requests_cancelled_total");
-    let finished = s.metric("vkdecode_requests_finished_total");
-    drop(c);
-    wait_for("the slot to be freed", || {
-        s.metric("vkdecode_slots_busy") == 0.0
-    });
-    assert_eq!(
-        s.metric("vkdecode_requests_cancelled_total"),
-        cancelled + 1.0,
-        "the request was not cancelled"
-    );
-    assert_eq!(s.metric("vkdecode_requests_finished_total"), finished);
-    assert!(
-        s.metric("vkdecode_generated_tokens_total") < 400.0,
-        "the request ran to its end"
-    );
-    assert_serving(&s, "the disconnect");
+    for (path, body) in [
+        (
+            "/v1/completions",
+            &br#"{"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": true}"#[..],
+        ),
+        (
+            "/completion",
+            &br#"{"prompt": "Once upon a time", "n_predict": 400, "temperature": 0, "ignore_eos": true}"#[..],
+        ),
+    ] {
+        let generated = s.metric("vkdecode_generated_tokens_total");
+        let mut c = s.connect();
+        c.write_all(&request_bytes("POST", path, &[], body)).unwrap();
+        wait_for("the request to generate", || {
+            s.metric("vkdecode_generated_tokens_total") >= generated + 2.0
+        });
+        let cancelled = s.metric("vkdecode_requests_cancelled_total");
+        let finished = s.metric("vkdecode_requests_finished_total");
+        drop(c);
+        wait_for("the slot to be freed", || {
+            s.metric("vkdecode_slots_busy") == 0.0
+        });
+        assert_eq!(
+            s.metric("vkdecode_requests_cancelled_total"),
+            cancelled + 1.0,
+            "{path}: the request was not cancelled"
+        );
+        assert_eq!(s.metric("vkdecode_requests_finished_total"), finished);
+        assert!(
+            s.metric("vkdecode_generated_tokens_total") < generated + 400.0,
+            "{path}: the request ran to its end"
+        );
+        assert_serving(&s, "the disconnect");
+    }
 }
 
 #[test]

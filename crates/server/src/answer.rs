@@ -23,10 +23,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::conn::PeerEof;
 use crate::error::ApiError;
-use crate::state::AppState;
 use crate::job::{Finish, JobEvent, Usage};
 use crate::logprobs::{self, CompletionLogprobs};
 use crate::params::Checked;
+use crate::state::AppState;
 use crate::tools::{Call, Tools};
 
 /// Which endpoint: they differ only in the shape of their answers.
@@ -96,7 +96,7 @@ pub(crate) async fn respond(
     if c.stream {
         stream_answer(answer, rx, c.include_usage, peer)
     } else {
-        whole_answer(answer, rx, peer).await
+        whole_answer(collect(answer, rx), peer).await
     }
 }
 
@@ -349,63 +349,51 @@ async fn probe_due(peer: Option<&PeerEof>) {
     }
 }
 
-/// Waits for the end and answers with one object (or, once the client has ended its
-/// side, with [`probed_answer`]).
-async fn whole_answer(mut answer: Answer, mut rx: Events, peer: Option<PeerEof>) -> Response {
-    let probe = probe_due(peer.as_ref());
-    tokio::pin!(probe);
+/// The whole answer of a request's choices: the object once every choice is done.
+async fn collect(mut answer: Answer, mut rx: Events) -> Result<Value, ApiError> {
     loop {
-        let event = tokio::select! {
-            event = rx.recv() => event,
-            _ = &mut probe => return probed_answer(answer, rx),
+        let Some((i, event)) = rx.recv().await else {
+            return Err(dropped());
         };
-        let Some((i, event)) = event else {
-            return dropped().into_response();
-        };
-        if let Err(e) = answer.take(i, event) {
-            return e.into_response();
-        }
+        answer.take(i, event)?;
         if answer.all_done() {
-            return (StatusCode::OK, axum::Json(answer.whole())).into_response();
+            return Ok(answer.whole());
         }
     }
 }
 
-/// A whole answer whose head goes out before its end: a space now and every probe
-/// period, then the object (or the error object, under the 200 already sent).
-fn probed_answer(answer: Answer, rx: Events) -> Response {
-    struct Late {
-        answer: Answer,
-        rx: Events,
-        started: bool,
-    }
-    let late = Late {
-        answer,
-        rx,
-        started: false,
-    };
-    let body = stream::unfold(Some(late), |late| async move {
-        let mut s = late?;
-        if !s.started {
-            s.started = true;
-            return Some((Ok::<_, std::convert::Infallible>(" ".to_string()), Some(s)));
+/// Answers with the one object `finish` resolves to (or its error). Once the client has
+/// ended its side, the head goes out at once with a space, then a space every probe
+/// period, then the object (or the error object, under the 200 already sent): a gone
+/// client fails a write, which drops `finish` and so cancels its job.
+pub(crate) async fn whole_answer<F>(finish: F, peer: Option<PeerEof>) -> Response
+where
+    F: std::future::Future<Output = Result<Value, ApiError>> + Send + 'static,
+{
+    let mut finish = Box::pin(finish);
+    tokio::select! {
+        done = &mut finish => {
+            return match done {
+                Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
+                Err(e) => e.into_response(),
+            };
         }
-        let tick = tokio::time::sleep(PROBE_EVERY);
-        tokio::pin!(tick);
-        loop {
-            let event = tokio::select! {
-                event = s.rx.recv() => event,
-                _ = &mut tick => return Some((Ok(" ".to_string()), Some(s))),
-            };
-            let last = match event {
-                Some((i, event)) => match s.answer.take(i, event) {
-                    Err(e) => e.body(),
-                    Ok(()) if s.answer.all_done() => s.answer.whole(),
-                    Ok(()) => continue,
-                },
-                None => dropped().body(),
-            };
-            return Some((Ok(last.to_string()), None));
+        _ = probe_due(peer.as_ref()) => {}
+    }
+    let body = stream::unfold(Some((finish, false)), |state| async move {
+        let (mut finish, started) = state?;
+        if !started {
+            return Some((
+                Ok::<_, std::convert::Infallible>(" ".to_string()),
+                Some((finish, true)),
+            ));
+        }
+        tokio::select! {
+            done = &mut finish => {
+                let last = done.unwrap_or_else(|e| e.body());
+                Some((Ok(last.to_string()), None))
+            }
+            _ = tokio::time::sleep(PROBE_EVERY) => Some((Ok(" ".to_string()), Some((finish, true)))),
         }
     });
     Response::builder()

@@ -17,20 +17,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::conn::PeerEof;
 use crate::constrain;
 use crate::error::ApiError;
-use crate::state::AppState;
 use crate::job::{Finish, Job, JobEvent, Usage};
 use crate::metrics::Metrics;
 use crate::params::{cap_max_tokens, Checked, Endpoint, Sampling};
+use crate::state::AppState;
 
 /// Most alternatives `n_probs` may ask for.
 const MAX_N_PROBS: i64 = 20;
@@ -49,6 +50,7 @@ struct Native {
 /// `POST /completion`.
 pub async fn completion(
     State(st): State<Arc<AppState>>,
+    peer: Option<Extension<PeerEof>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -91,6 +93,14 @@ pub async fn completion(
         Metrics::add(&st.metrics.constrained_requests, 1);
     }
     let o = &checked.sampler;
+    // as llama-server lists them: the request's biases, and under `ignore_eos` each
+    // end-of-generation token banned (a bias of -inf, which JSON writes as null)
+    let bias =
+        |token: u32, bias: f32| json!({"token": token, "bias": bias.is_finite().then_some(bias)});
+    let mut logit_bias: Vec<Value> = o.logit_bias.iter().map(|&(t, b)| bias(t, b)).collect();
+    if checked.ignore_eos {
+        logit_bias.extend(st.tok.eog_ids().iter().map(|&t| bias(t, f32::NEG_INFINITY)));
+    }
     let settings = json!({
         "n_predict": max_tokens,
         "seed": o.seed,
@@ -103,6 +113,7 @@ pub async fn completion(
         "presence_penalty": o.presence_penalty,
         "frequency_penalty": o.frequency_penalty,
         "n_probs": o.logprobs.unwrap_or(0),
+        "logit_bias": logit_bias,
         "ignore_eos": checked.ignore_eos,
         "stop": checked.stop,
         "stream": checked.stream,
@@ -119,7 +130,7 @@ pub async fn completion(
     if checked.stream {
         stream_answer(answer, rx)
     } else {
-        whole_answer(answer, rx).await
+        crate::answer::whole_answer(collect(answer, rx), peer.map(|p| p.0)).await
     }
 }
 
@@ -359,7 +370,8 @@ impl Native1 {
     }
 }
 
-async fn whole_answer(mut a: Native1, mut rx: UnboundedReceiver<JobEvent>) -> Response {
+/// The summary with the whole content, once the job is done.
+async fn collect(mut a: Native1, mut rx: UnboundedReceiver<JobEvent>) -> Result<Value, ApiError> {
     while let Some(event) = rx.recv().await {
         match event {
             JobEvent::Text(t) => {
@@ -369,14 +381,14 @@ async fn whole_answer(mut a: Native1, mut rx: UnboundedReceiver<JobEvent>) -> Re
             JobEvent::Logprob(lp) => a.probs.push(lp),
             JobEvent::PromptLogprob(_) => {}
             JobEvent::Done { finish, usage, .. } => {
-                let v = a.summary(&a.content, finish, &usage);
-                return (StatusCode::OK, axum::Json(v)).into_response();
+                return Ok(a.summary(&a.content, finish, &usage))
             }
-            JobEvent::Error(msg) => return ApiError::internal(msg).into_response(),
+            JobEvent::Error(msg) => return Err(ApiError::internal(msg)),
         }
     }
-    ApiError::unavailable("the engine stopped before answering (see the server's log)")
-        .into_response()
+    Err(ApiError::unavailable(
+        "the engine stopped before answering (see the server's log)",
+    ))
 }
 
 /// Server-sent events: a `{"content": piece, "stop": false}` per piece of text (with its
