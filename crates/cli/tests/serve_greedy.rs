@@ -236,6 +236,11 @@ fn llama_server_routes_and_flags() {
         r.text()
     );
     let r = s.post(
+        "/apply-template",
+        &json!({"messages": msgs, "add_generation_prompt": false}),
+    );
+    assert_eq!(r.json()["prompt"], "[user] Hi\n", "{}", r.text());
+    let r = s.post(
         "/chat/completions",
         &json!({"messages": msgs, "max_tokens": 2}),
     );

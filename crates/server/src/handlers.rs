@@ -204,6 +204,8 @@ pub async fn apply_template(
     #[derive(serde::Deserialize)]
     struct Req {
         messages: Vec<ChatMessage>,
+        /// End with the assistant's turn opened (llama-server's default: true).
+        add_generation_prompt: Option<bool>,
     }
     let run = async {
         let (req, text): (Req, _) = st.read_json_and_text(&headers, body).await?;
@@ -214,7 +216,12 @@ pub async fn apply_template(
         })?;
         let piece = |id: Option<u32>| id.and_then(|i| st.tok.piece(i)).unwrap_or("").to_string();
         let prompt = template
-            .render(&messages, true, &piece(st.tok.bos()), &piece(st.tok.eos()))
+            .render(
+                &messages,
+                req.add_generation_prompt.unwrap_or(true),
+                &piece(st.tok.bos()),
+                &piece(st.tok.eos()),
+            )
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
         Ok::<_, ApiError>(axum::Json(json!({ "prompt": prompt })).into_response())
     };
