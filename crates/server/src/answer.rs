@@ -4,8 +4,9 @@
 //!
 //! A client that ends its side of the connection after its request has either
 //! half-closed (and reads on) or gone away; only a write tells which. So from then on
-//! the answer sends something every second: a whole answer its head and a space (JSON
-//! allows it before the object), a stream an SSE comment. A gone client fails the
+//! the answer sends something: a whole answer its head and a space (JSON allows it
+//! before the object) at once, another 100 ms later and then every second; a stream an
+//! SSE comment every second between its events. A gone client fails the
 //! write, its connection closes and its job is cancelled; a half-closed one gets the
 //! whole answer.
 
@@ -338,12 +339,17 @@ impl Answer {
 /// it is still there.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
-/// Resolves a probe period after the client ended its side (never without one).
-async fn probe_due(peer: Option<&PeerEof>) {
+/// When a whole answer probes the second time: a client that is gone answers the first
+/// write with a reset within a round trip, and the write after it fails, so its job is
+/// cancelled a moment after it hung up (llama-server's own test looks 2 s later).
+const PROBE_SECOND: Duration = Duration::from_millis(100);
+
+/// Resolves `after` the client ended its side (never without one).
+async fn probe_due(peer: Option<&PeerEof>, after: Duration) {
     match peer {
         Some(p) => {
             p.ended().await;
-            tokio::time::sleep(PROBE_EVERY).await;
+            tokio::time::sleep(after).await;
         }
         None => std::future::pending().await,
     }
@@ -378,22 +384,28 @@ where
                 Err(e) => e.into_response(),
             };
         }
-        _ = probe_due(peer.as_ref()) => {}
+        _ = probe_due(peer.as_ref(), Duration::ZERO) => {}
     }
-    let body = stream::unfold(Some((finish, false)), |state| async move {
-        let (mut finish, started) = state?;
-        if !started {
+    // the state: the answer's future and how many probes went out
+    let body = stream::unfold(Some((finish, 0u32)), |state| async move {
+        let (mut finish, probes) = state?;
+        if probes == 0 {
             return Some((
                 Ok::<_, std::convert::Infallible>(" ".to_string()),
-                Some((finish, true)),
+                Some((finish, 1)),
             ));
         }
+        let wait = if probes == 1 {
+            PROBE_SECOND
+        } else {
+            PROBE_EVERY
+        };
         tokio::select! {
             done = &mut finish => {
                 let last = done.unwrap_or_else(|e| e.body());
                 Some((Ok(last.to_string()), None))
             }
-            _ = tokio::time::sleep(PROBE_EVERY) => Some((Ok(" ".to_string()), Some((finish, true)))),
+            _ = tokio::time::sleep(wait) => Some((Ok(" ".to_string()), Some((finish, probes + 1)))),
         }
     });
     Response::builder()
@@ -479,7 +491,7 @@ fn stream_answer(
             let event = tokio::select! {
                 event = s.rx.recv() => event,
                 // a comment line, which SSE clients skip
-                _ = probe_due(s.peer.as_ref()) => break ": probe\n\n".to_string(),
+                _ = probe_due(s.peer.as_ref(), PROBE_EVERY) => break ": probe\n\n".to_string(),
             };
             let a = &mut s.answer;
             match event {
