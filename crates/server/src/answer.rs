@@ -369,9 +369,10 @@ async fn collect(mut answer: Answer, mut rx: Events) -> Result<Value, ApiError> 
 }
 
 /// Answers with the one object `finish` resolves to (or its error). Once the client has
-/// ended its side, the head goes out at once with a space, then a space every probe
-/// period, then the object (or the error object, under the 200 already sent): a gone
-/// client fails a write, which drops `finish` and so cancels its job.
+/// ended its side, the head goes out at once with a space, then a space after
+/// [`PROBE_SECOND`] and every [`PROBE_EVERY`], then the object (or the error object,
+/// under the 200 already sent): a gone client fails a write, which drops `finish` and so
+/// cancels its job.
 pub(crate) async fn whole_answer<F>(finish: F, peer: Option<PeerEof>) -> Response
 where
     F: std::future::Future<Output = Result<Value, ApiError>> + Send + 'static,

@@ -1,7 +1,8 @@
 //! `vkdecode serve`: an OpenAI-compatible HTTP server (tokio + axum) over one loaded
 //! model, with `--parallel` slots and a bounded queue.
 //!
-//! - [`http`]: the router, limits, the API key, graceful shutdown; [`conn`] the
+//! - [`http`]: the router, the API key, graceful shutdown; [`state`] what the handlers
+//!   share (the options and limits, reading a body); [`conn`] the
 //!   connections (deadlines, the cap, half-closed clients); [`guard`] what keeps web pages
 //!   out (Host, Origin and CORS, JSON bodies);
 //!   [`handlers`] the two generation endpoints, `answer` their answers (JSON or
