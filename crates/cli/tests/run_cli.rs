@@ -478,8 +478,11 @@ fn start_long_run(tag: &Tag, wrapper: &[&str], early: bool) -> std::process::Chi
         .expect("run vkdecode");
     let stdout = collect(child.stdout.take().unwrap());
     if early {
+        // the worker once it is exec'd: between fork and exec the child still carries the
+        // parent's environment, and while exec replaces it its environ cannot be read, so
+        // a count of two tagged processes can be seen and lost again
         let start = Instant::now();
-        while tag.processes().len() < 2 {
+        while !tag.processes().iter().any(|&(pid, _)| is_worker(pid)) {
             assert!(start.elapsed() < Duration::from_secs(30), "no worker");
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -487,6 +490,13 @@ fn start_long_run(tag: &Tag, wrapper: &[&str], early: bool) -> std::process::Chi
         wait_for("the text to begin", &stdout, |s| s.len() >= 20);
     }
     child
+}
+
+/// Whether process `pid` is a worker: `VKDECODE_WORKER=1` in its environment, which the
+/// main command gives the worker it starts.
+fn is_worker(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == b"VKDECODE_WORKER=1"))
 }
 
 /// Waits (bounded) for `child` to exit.
