@@ -26,7 +26,8 @@ use gguf::{Value, ValueType};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The values, by name.
+/// The values that break size arithmetic (zero, one, minus one, the 32- and 64-bit
+/// edges, a size whose product with a row overflows, NaN, infinity), by name.
 const VALUES: [&str; 10] = [
     "0", "1", "-1", "2^31", "2^32-1", "2^58", "2^63", "2^64-1", "NaN", "inf",
 ];

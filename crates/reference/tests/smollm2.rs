@@ -1,5 +1,5 @@
 //! Acceptance: greedy decoding of the default model matches llama.cpp's CPU
-//! backend on the same files, as recorded in the issue.
+//! backend on the same files (d775b8967; docs/facts.md).
 //!
 //! Needs `models/SmolLM2-135M-Instruct.Q8_0.gguf` and `.Q4_1.gguf` (run `models/fetch`).
 

@@ -11,7 +11,7 @@ use gguf::{Gguf, Value};
 use reference::state::kv_cache_bytes;
 use reference::{generate_greedy, Config, Model, RefError, State};
 
-/// SmolLM2-135M's shape (30 layers, 3 kv heads of 64), the file of the reproducer.
+/// SmolLM2-135M's shape (30 layers, 3 kv heads of 64), the file a hostile context length was first seen on.
 fn smollm2_shape() -> Config {
     let tiny = Config::from_gguf(&Gguf::parse(&tiny()).unwrap()).unwrap();
     Config {
@@ -45,7 +45,7 @@ fn crafted_context_lengths_are_errors_naming_context_and_bytes() {
             assert!(msg.contains(&bytes.to_string()), "{msg}");
         }
     }
-    // The 2^32-1 on SmolLM2: 2 x 30 layers x (2^32-1) x 192 x 4 bytes.
+    // A claimed context of 2^32-1 on SmolLM2: 2 x 30 layers x (2^32-1) x 192 x 4 bytes.
     assert_eq!(
         kv_cache_bytes(&smollm2_shape(), (1 << 32) - 1),
         2 * 30 * ((1u128 << 32) - 1) * 192 * 4
