@@ -687,7 +687,7 @@ fn every_matmul_variant_builds() {
                 });
             }
             for k in keys {
-                used.insert(k.kernel().unwrap());
+                used.insert(k.kernel().unwrap().name());
                 if k.split_k == 0 || ks.column_split(8, 64 * 8 * k.split_k) == k.split_k {
                     ks.matmul(k).unwrap();
                 }
@@ -695,9 +695,13 @@ fn every_matmul_variant_builds() {
         }
         ks.embed(ty).unwrap();
     }
-    for k in vk::Kernel::ALL {
+    for k in kernels::shaders() {
         if k.name().starts_with("matmul") {
-            assert!(used.contains(k), "{} is built but never used", k.name());
+            assert!(
+                used.contains(k.name()),
+                "{} is built but never used",
+                k.name()
+            );
         }
     }
     drop(ks);
@@ -705,14 +709,14 @@ fn every_matmul_variant_builds() {
 }
 
 /// The bindings structs the engine builds its sets with agree with the SPIR-V reflection
-/// (crates/vk/build.rs): every matmul variant of either kernel declares the
+/// (crates/shader-build): every matmul variant of either kernel declares the
 /// [`MatmulBindings`] layout (weights, x and xr as texel buffers), so one descriptor set
 /// serves the decode and prefill pipelines of a dispatch; likewise [`EmbedBindings`],
 /// [`AttentionBindings`] and [`ArgmaxBindings`].
 #[test]
 fn reflected_layouts_agree_with_the_engine_bindings() {
     let mut seen = 0;
-    for k in vk::Kernel::ALL {
+    for k in kernels::shaders() {
         let (n, kinds): (u32, &[vk::DescriptorKind]) = match k.name().split('.').next() {
             Some("matmul" | "matmul_split" | "matmul_mm") => {
                 (kernels::MATMUL_BINDINGS, &MatmulBindings::KINDS)
@@ -727,4 +731,35 @@ fn reflected_layouts_agree_with_the_engine_bindings() {
         seen += 1;
     }
     assert!(seen > 100, "{seen} kernels checked");
+}
+
+/// Every module the registry embeds is SPIR-V, declares as many descriptor kinds as
+/// bindings, and builds a pipeline (bindings and push constants generous, no
+/// specialisation), and `Kernel::ALL` names the modules one for one.
+#[test]
+fn every_kernel_builds_a_pipeline() {
+    let Some(ctx) = ctx() else { return };
+    assert_eq!(kernels::Kernel::ALL.len(), kernels::shaders().len());
+    for (&kernel, shader) in kernels::Kernel::ALL.iter().zip(kernels::shaders()) {
+        assert_eq!(kernel.shader(), Some(shader), "{kernel:?}");
+    }
+    for k in kernels::shaders() {
+        assert!(
+            k.spirv().len() > 5 && k.spirv()[0] == 0x0723_0203,
+            "{} is not SPIR-V",
+            k.name()
+        );
+        assert_eq!(k.descriptor_kinds().len(), k.bindings() as usize);
+        let p = vk::Pipeline::new(
+            &ctx,
+            &vk::PipelineDesc {
+                kernel: k,
+                n_bindings: k.bindings().max(1),
+                push_size: 128.min(ctx.caps().max_push_constants_size),
+                spec: vec![],
+            },
+        );
+        assert!(p.is_ok(), "{}: {:?}", k.name(), p.err());
+    }
+    assert_no_validation_errors(&ctx);
 }

@@ -1,4 +1,4 @@
-//! CPU twin of `shaders/checksum.comp`, and a helper to run the kernel.
+//! CPU twin of `crates/vk/shaders/checksum.comp`, and a helper to run the kernel.
 //!
 //! For each little-endian u32 word `w` with global index `i` (a partial last word is
 //! zero-padded): `h1 = fmix32(w ^ i*0x9E3779B9)`, `h2 = fmix32((w + i*0x85EBCA6B) ^ 0xC2B2AE35)`,

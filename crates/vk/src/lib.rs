@@ -10,7 +10,8 @@
 //! - [`Capabilities`]: what the driver reports, never assumed.
 //! - [`Buffer`] (allocator-backed) and [`ImportedBuffer`] (`VK_EXT_external_memory_host`).
 //! - [`Pipeline`], [`DescriptorSet`], [`CommandBuffer`], [`QueryPool`].
-//! - [`Kernel`]: every `shaders/*.comp` compiled by `build.rs` with glslc.
+//! - [`Shader`]: a SPIR-V module embedded by a build script (shader-build), unpacked on
+//!   first use; [`CHECKSUM`] is this crate's own.
 
 mod buffer;
 mod caps;
@@ -19,8 +20,8 @@ mod command;
 mod context;
 mod error;
 mod import;
-mod kernels;
 mod pipeline;
+mod shader;
 pub mod testing;
 mod texel;
 pub mod validation;
@@ -35,9 +36,9 @@ pub use command::{CommandBuffer, QueryPool};
 pub use context::{default_device, enumerate_devices, Context, ContextOptions};
 pub use error::VkError;
 pub use import::ImportedBuffer;
-pub use kernels::Kernel;
 pub use pipeline::{
     spirv_override, Descriptor, DescriptorKind, DescriptorSet, Pipeline, PipelineDesc,
     SPIRV_DIR_ENV,
 };
+pub use shader::{Shader, ShaderPack, CHECKSUM};
 pub use texel::{BufferView, TexelFormat};

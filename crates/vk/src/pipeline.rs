@@ -10,13 +10,13 @@ use ash::vk;
 use crate::buffer::BufferBinding;
 use crate::error::{VkError, VkResultExt};
 use crate::texel::BufferView;
-use crate::{Context, Kernel};
+use crate::{Context, Shader};
 
 /// Sets per descriptor pool; a new pool is added when one runs out.
 const SETS_PER_POOL: u32 = 64;
 
 /// A directory of replacement SPIR-V modules, for shader experiments without a rebuild:
-/// a pipeline of kernel `NAME` ([`Kernel::name`], e.g. `matmul_mm.q8_0.t8.add`) is built
+/// a pipeline of kernel `NAME` ([`Shader::name`], e.g. `matmul_mm.q8_0.t8.add`) is built
 /// from `DIR/NAME.spv` when that file exists (a warning says so), else from the module
 /// build.rs embedded. A replacement must declare the same bindings, push constants and
 /// specialisation constants as the kernel it replaces: the layout comes from the embedded
@@ -61,7 +61,7 @@ pub fn spirv_override(dir: &Path, name: &'static str) -> Result<Option<Vec<u32>>
 #[derive(Clone, Debug)]
 pub struct PipelineDesc {
     /// The kernel (SPIR-V).
-    pub kernel: Kernel,
+    pub kernel: &'static Shader,
     /// Storage-buffer bindings 0..n in set 0.
     pub n_bindings: u32,
     /// Push-constant bytes (multiple of 4, at most `maxPushConstantsSize`; 0 = none).
@@ -177,14 +177,14 @@ impl Drop for RawPipeline {
 pub struct Pipeline {
     raw: Arc<RawPipeline>,
     sets: Arc<SetAllocator>,
-    kernel: Kernel,
+    kernel: &'static Shader,
     push_size: u32,
     ctx: Arc<Context>,
 }
 
 impl Pipeline {
     /// Builds the pipeline (the driver may compile it lazily on first dispatch). Binding
-    /// types come from the kernel's SPIR-V ([`Kernel::descriptor_kinds`]); bindings past
+    /// types come from the kernel's SPIR-V ([`Shader::descriptor_kinds`]); bindings past
     /// the shader's own are storage buffers.
     pub fn new(ctx: &Arc<Context>, desc: &PipelineDesc) -> Result<Pipeline, VkError> {
         let reflected = desc.kernel.descriptor_kinds();
@@ -548,7 +548,7 @@ impl Pipeline {
     }
 
     /// The kernel.
-    pub fn kernel(&self) -> Kernel {
+    pub fn kernel(&self) -> &'static Shader {
         self.kernel
     }
 
@@ -598,7 +598,7 @@ mod tests {
 
     #[test]
     fn a_replacement_module_is_read_when_present_and_checked() {
-        let kernel = Kernel::Argmax;
+        let kernel = crate::CHECKSUM;
         let name = kernel.name();
         let dir = scratch("override");
         // absent: the embedded module is used
@@ -612,9 +612,7 @@ mod tests {
         let got = spirv_override(&dir, name).expect("read").expect("present");
         assert_eq!(got, words);
         // another kernel's file does not stand in for it
-        assert!(spirv_override(&dir, Kernel::Checksum.name())
-            .expect("read")
-            .is_none());
+        assert!(spirv_override(&dir, "argmax").expect("read").is_none());
         // not whole words, too short, or without the magic number: refused, naming the file
         std::fs::write(dir.join(format!("{name}.spv")), &bytes[..bytes.len() - 1]).expect("write");
         let e = spirv_override(&dir, name)

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use vk::checksum::{self, ChecksumPush};
 use vk::{
     Buffer, BufferDesc, CommandBuffer, Context, ContextOptions, DescriptorKind, ImportedBuffer,
-    Kernel, MemLocation, Pipeline, PipelineDesc, QueryPool,
+    MemLocation, Pipeline, PipelineDesc, QueryPool,
 };
 
 /// A validating context, or `None` (skip) when no device exists and
@@ -50,7 +50,7 @@ fn checksum_pipeline(ctx: &Arc<Context>) -> Pipeline {
     Pipeline::new(
         ctx,
         &PipelineDesc {
-            kernel: Kernel::Checksum,
+            kernel: vk::CHECKSUM,
             n_bindings: 2,
             push_size: 16,
             spec: vec![],
@@ -99,35 +99,29 @@ fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     (0..n).map(|_| rng.gen()).collect()
 }
 
+/// vk's own kernel is embedded whole, with the layout its SPIR-V declares, and builds a
+/// pipeline (the engine's kernels are held to the same in its `kernels` tests).
 #[test]
-fn every_kernel_builds_a_pipeline() {
+fn the_checksum_kernel_builds_a_pipeline() {
     let Some(ctx) = ctx() else { return };
-    assert!(Kernel::ALL.contains(&Kernel::Checksum));
-    assert_eq!(Kernel::Checksum.bindings(), 2);
-    assert_eq!(
-        Kernel::Checksum.descriptor_kinds(),
-        &[DescriptorKind::StorageBuffer; 2]
+    let k = vk::CHECKSUM;
+    assert_eq!(k.name(), "checksum");
+    assert_eq!(k.bindings(), 2);
+    assert_eq!(k.descriptor_kinds(), &[DescriptorKind::StorageBuffer; 2]);
+    assert!(
+        k.spirv().len() > 5 && k.spirv()[0] == 0x0723_0203,
+        "not SPIR-V"
     );
-    for &k in Kernel::ALL {
-        assert!(
-            !k.spirv().is_empty() && k.spirv()[0] == 0x0723_0203,
-            "{} is not SPIR-V",
-            k.name()
-        );
-        assert_eq!(k.descriptor_kinds().len(), k.bindings() as usize);
-        let n_bindings = k.bindings().max(1);
-        let push_size = 128.min(ctx.caps().max_push_constants_size);
-        let p = Pipeline::new(
-            &ctx,
-            &PipelineDesc {
-                kernel: k,
-                n_bindings,
-                push_size,
-                spec: vec![],
-            },
-        );
-        assert!(p.is_ok(), "{}: {:?}", k.name(), p.err());
-    }
+    let p = Pipeline::new(
+        &ctx,
+        &PipelineDesc {
+            kernel: k,
+            n_bindings: 2,
+            push_size: 16,
+            spec: vec![],
+        },
+    );
+    assert!(p.is_ok(), "{:?}", p.err());
     assert_eq!(ctx.validation_errors(), 0);
 }
 
@@ -414,7 +408,7 @@ fn recording_errors_surface_at_end() {
     assert!(Pipeline::new(
         &ctx,
         &PipelineDesc {
-            kernel: Kernel::Checksum,
+            kernel: vk::CHECKSUM,
             n_bindings: 2,
             push_size: 6,
             spec: vec![]

@@ -9,8 +9,7 @@
 
 use vk::checksum::{self, ChecksumPush};
 use vk::{
-    Buffer, BufferDesc, CommandBuffer, Context, Kernel, MemLocation, Pipeline, PipelineDesc,
-    VkError,
+    Buffer, BufferDesc, CommandBuffer, Context, MemLocation, Pipeline, PipelineDesc, VkError,
 };
 
 const N_BYTES: u64 = 16 << 20;
@@ -58,7 +57,7 @@ fn a_timed_out_submission_is_finished_before_the_error_returns() {
     let p = Pipeline::new(
         &ctx,
         &PipelineDesc {
-            kernel: Kernel::Checksum,
+            kernel: vk::CHECKSUM,
             n_bindings: 2,
             push_size: 16,
             spec: vec![],

@@ -4,9 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Kernel};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Shader};
 
-use super::supported_weight_type;
+use super::Kernel;
 use crate::EngineError;
 
 /// Push constants of `embed.comp` (GLSL twin: its `push_constant` block).
@@ -26,17 +26,15 @@ pub struct EmbedPush {
 }
 const _: () = assert!(std::mem::size_of::<EmbedPush>() == 52);
 
-/// The embedding kernel for a table of type `ty`: `embed.<type>`.
-pub(super) fn embed_kernel(ty: GgmlType) -> Result<Kernel, EngineError> {
-    let name = format!("embed.{}", ty.name().to_ascii_lowercase());
-    match Kernel::by_name(&name) {
-        Some(k) if supported_weight_type(ty) => Ok(k),
-        _ => Err(EngineError::Unsupported(format!(
+/// The embedding kernel for a table of type `ty`.
+pub(super) fn embed_kernel(ty: GgmlType) -> Result<&'static Shader, EngineError> {
+    Kernel::Embed { wtype: ty }.shader().ok_or_else(|| {
+        EngineError::Unsupported(format!(
             "an embedding table of type {} (the GPU kernels read {})",
             ty.name(),
             super::supported_weight_type_names()
-        ))),
-    }
+        ))
+    })
 }
 
 /// Bindings of `embed.comp`: w0, w1, w2, x, step, xg, g.

@@ -10,9 +10,9 @@
 //! Also here: how many prompt tokens one prefill submission takes on a device
 //! ([`prefill_chunk`]).
 
-use super::{Epilogue, Kernels, MatmulKey};
+use super::Kernels;
 
-/// Tokens per workgroup the GEMM is built for (crates/vk/build.rs `GEMM_TT`): the
+/// Tokens per workgroup the GEMM is built for (`TT` in kernels/variants.rs): the
 /// tile, and [`GEMM_SMALL_TILE`].
 pub const GEMM_TT: [u32; 2] = [GEMM_SMALL_TILE, GEMM_TILE];
 
@@ -41,12 +41,6 @@ pub const GEMM_SHAPE: super::MatmulShape = super::MatmulShape {
 /// Whether a matmul key's `tb` selects the GEMM (a tile larger than matmul.comp's 4).
 pub fn is_gemm_tile(tb: u32) -> bool {
     GEMM_TT.contains(&tb)
-}
-
-/// The compiled variant of a GEMM key: `matmul_mm.<type>.t<TT>.<epilogue>`.
-pub fn gemm_kernel_name(key: &MatmulKey, epi: Epilogue) -> String {
-    let ty = key.wtype.name().to_ascii_lowercase();
-    format!("matmul_mm.{ty}.t{}.{}", key.tb, epi.name())
 }
 
 impl Kernels {

@@ -6,9 +6,9 @@
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Kernel};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Shader};
 
-use super::supported_weight_type;
+use super::{supported_weight_type, Kernel};
 use crate::EngineError;
 
 /// Push constants of `matmul.comp` (GLSL twin: `shaders/include/matmul_push.glsl`).
@@ -118,11 +118,11 @@ pub struct MatmulKey {
     pub texel_aligned: bool,
 }
 
-/// Tokens per invocation the row-per-lane matmul is built for (crates/vk/build.rs).
+/// Tokens per invocation the row-per-lane matmul is built for (`TB` in kernels/variants.rs).
 pub const MATMUL_TB: [u32; 2] = [1, 4];
 
-/// The fused steps the matmul kernels are built for (the `EPILOGUES` of
-/// crates/vk/build.rs): each an input mode with an output mode.
+/// The fused steps the matmul kernels are built for (`EPILOGUE` in kernels/variants.rs,
+/// whose defines select each): an input mode with an output mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Epilogue {
     /// rmsnorm in; rope q and k, q to out0, k and v to the caches.
@@ -152,18 +152,6 @@ impl Epilogue {
             _ => None,
         }
     }
-
-    /// The variant's name in crates/vk/build.rs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Epilogue::Qkv => "qkv",
-            Epilogue::Add => "add",
-            Epilogue::Glu => "glu",
-            Epilogue::Logits => "logits",
-            Epilogue::Store => "store",
-            Epilogue::GeGlu => "geglu",
-        }
-    }
 }
 
 impl MatmulKey {
@@ -186,9 +174,9 @@ impl MatmulKey {
         rows_per_workgroup(self.wg, self.pairs, self.out_mode.is_gated())
     }
 
-    /// The compiled variant this key runs: `matmul.<type>.tb<TB>.<epilogue>` or
-    /// `matmul_split.<type>.k<SPLIT_K>.<epilogue>`.
-    pub fn kernel(&self) -> Result<Kernel, EngineError> {
+    /// The registry's kernel this key runs: the GEMM for a GEMM tile, the column split
+    /// for a split key, else the row-per-lane matmul; the epilogue of its modes.
+    pub fn kernel(&self) -> Result<&'static Shader, EngineError> {
         let epi = Epilogue::of(self.in_mode, self.out_mode).ok_or_else(|| {
             EngineError::Unsupported(format!(
                 "a matmul with input {:?} and output {:?} (built: qkv, add, glu, logits, store, geglu)",
@@ -202,17 +190,27 @@ impl MatmulKey {
                 super::supported_weight_type_names()
             )));
         }
-        let ty = self.wtype.name().to_ascii_lowercase();
-        let name = if super::is_gemm_tile(self.tb) {
-            super::gemm_kernel_name(self, epi)
+        let wtype = self.wtype;
+        let kernel = if super::is_gemm_tile(self.tb) {
+            Kernel::MatmulMm {
+                wtype,
+                tt: self.tb,
+                epilogue: epi,
+            }
         } else if self.split_k > 0 {
-            format!("matmul_split.{ty}.k{}.{}", self.split_k, epi.name())
+            Kernel::MatmulSplit {
+                wtype,
+                split_k: self.split_k,
+                epilogue: epi,
+            }
         } else {
-            format!("matmul.{ty}.tb{}.{}", self.tb, epi.name())
+            Kernel::Matmul {
+                wtype,
+                tb: self.tb,
+                epilogue: epi,
+            }
         };
-        Kernel::by_name(&name).ok_or_else(|| {
-            EngineError::Unsupported(format!("the matmul variant `{name}` (not built)"))
-        })
+        kernel.built()
     }
 }
 

@@ -23,6 +23,7 @@ mod gemm;
 mod heads;
 mod matmul;
 mod post_norm;
+mod registry;
 mod shapes;
 mod softcap;
 
@@ -33,6 +34,7 @@ pub use gemm::*;
 pub use heads::*;
 pub use matmul::*;
 pub use post_norm::*;
+pub use registry::{shaders, Kernel};
 pub use shapes::*;
 pub use softcap::*;
 
@@ -41,7 +43,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{Kernel, Pipeline, PipelineDesc};
+use vk::{Pipeline, PipelineDesc};
 
 use crate::EngineError;
 
@@ -74,24 +76,11 @@ pub const STEP_ROW_OFFSET: u64 = STEP_POS_OFFSET + 4 * STEP_MAX_BATCH as u64;
 /// Bytes of the step buffer.
 pub const STEP_BYTES: u64 = STEP_ROW_OFFSET + 4 * STEP_MAX_BATCH as u64;
 
-/// Whether the matmul and embedding kernels read this weight type.
+/// Whether the matmul and embedding kernels read this weight type: whether the registry
+/// built an embedding gather for it (`variants.rs` builds every kernel over one list of
+/// weight types).
 pub fn supported_weight_type(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::BF16
-            | GgmlType::F16
-            | GgmlType::F32
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::Q3_K
-            | GgmlType::Q2_K
-    )
+    Kernel::Embed { wtype: ty }.shader().is_some()
 }
 
 /// The weight types the kernels read, by name ("Q8_0, Q4_0, ..."), for error messages.
@@ -181,7 +170,7 @@ impl Kernels {
         let argmax = Pipeline::new(
             ctx,
             &PipelineDesc {
-                kernel: Kernel::Argmax,
+                kernel: Kernel::Argmax.built()?,
                 n_bindings: ARGMAX_BINDINGS,
                 push_size: std::mem::size_of::<ArgmaxPush>() as u32,
                 spec: vec![ARGMAX_WG],
@@ -304,7 +293,7 @@ impl Kernels {
             let p = Pipeline::new(
                 &self.ctx,
                 &PipelineDesc {
-                    kernel: Kernel::Attention,
+                    kernel: Kernel::Attention.built()?,
                     n_bindings: ATTENTION_BINDINGS,
                     push_size: std::mem::size_of::<AttentionPush>() as u32,
                     spec: vec![ATTENTION_WG, head_dim / 4],
@@ -386,7 +375,7 @@ impl Kernels {
     /// The `heads.comp` pipeline, created on first request.
     pub fn heads(&mut self) -> Result<&Pipeline, EngineError> {
         let desc = PipelineDesc {
-            kernel: Kernel::Heads,
+            kernel: Kernel::Heads.built()?,
             n_bindings: HEADS_BINDINGS,
             push_size: std::mem::size_of::<HeadsPush>() as u32,
             spec: vec![],
@@ -401,7 +390,7 @@ impl Kernels {
     /// The `post_norm.comp` pipeline, created on first request.
     pub fn post_norm(&mut self) -> Result<&Pipeline, EngineError> {
         let desc = PipelineDesc {
-            kernel: Kernel::PostNorm,
+            kernel: Kernel::PostNorm.built()?,
             n_bindings: POST_NORM_BINDINGS,
             push_size: std::mem::size_of::<PostNormPush>() as u32,
             spec: vec![POST_NORM_WG],
@@ -416,7 +405,7 @@ impl Kernels {
     /// The `softcap.comp` pipeline, created on first request.
     pub fn softcap(&mut self) -> Result<&Pipeline, EngineError> {
         let desc = PipelineDesc {
-            kernel: Kernel::Softcap,
+            kernel: Kernel::Softcap.built()?,
             n_bindings: SOFTCAP_BINDINGS,
             push_size: std::mem::size_of::<SoftcapPush>() as u32,
             spec: vec![],

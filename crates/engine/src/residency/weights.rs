@@ -9,7 +9,7 @@ use std::time::Instant;
 use gguf::GgufFile;
 use vk::checksum::{self, ChecksumPush};
 use vk::{
-    Buffer, BufferBinding, BufferDesc, BufferRef, CommandBuffer, Context, ImportedBuffer, Kernel,
+    Buffer, BufferBinding, BufferDesc, BufferRef, CommandBuffer, Context, ImportedBuffer,
     MemLocation, Pipeline, PipelineDesc,
 };
 
@@ -399,7 +399,7 @@ impl Weights {
         let p = Pipeline::new(
             ctx,
             &PipelineDesc {
-                kernel: Kernel::Checksum,
+                kernel: vk::CHECKSUM,
                 n_bindings: 2,
                 push_size: 16,
                 spec: vec![],
