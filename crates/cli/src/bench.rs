@@ -58,6 +58,13 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "import,copy")]
     pub modes: Vec<Mode>,
 
+    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
+    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
+    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
+    /// which and why).
+    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
+    pub kernels: engine::kernels::KernelProfile,
+
     /// Runs per arm (each a fresh process; arms alternate).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
@@ -477,6 +484,8 @@ fn child_args(args: &Args, arm: &Arm, ids: &str) -> Vec<OsString> {
     if arm.sync_each_layer {
         v.push("--sync-each-layer".into());
     }
+    v.push("--kernels".into());
+    v.push(args.kernels.as_str().into());
     if let Some(b) = &args.backend {
         v.push("--backend".into());
         v.push(b.into());
@@ -554,6 +563,7 @@ mod tests {
         let args = Args {
             model: "m.gguf".into(),
             modes: vec![Mode::Copy],
+            kernels: engine::kernels::KernelProfile::Gpu,
             repetitions: 1,
             prompt_tokens: 3,
             decode_tokens: 5,
@@ -587,6 +597,7 @@ mod tests {
             "--no-display",
             "--weights copy",
             "--sync-each-layer",
+            "--kernels gpu",
             "--backend reference",
             "--device 1",
         ] {

@@ -1,12 +1,13 @@
 //! `vkdecode info`: every Vulkan device with its capabilities record (read from the
 //! driver), which one runs by default, what `--weights auto` picks on each and why, and
-//! the matmul shapes the engine would run there (`engine::kernels::Shapes`).
+//! the kernel profile `--kernels auto` runs there and why, with its matmul shapes
+//! (`engine::kernels::Shapes::for_profile`).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use engine::kernels::{ShapeChoice, Shapes};
+use engine::kernels::{KernelProfile, ProfileChoice, Shapes};
 use engine::{auto_decision, WeightsMode};
 use serde_json::json;
 
@@ -19,6 +20,9 @@ pub struct Args {
     /// Print one JSON array instead of text.
     #[arg(long)]
     json: bool,
+    /// The kernel profile to describe (as `--kernels` of run, bench and serve).
+    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = KernelProfile::parse)]
+    kernels: KernelProfile,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -33,7 +37,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             all.len()
         );
     }
-    let choice = ShapeChoice::from_env().map_err(anyhow::Error::msg)?;
     let chosen = vk::default_device(&all);
     let shown: Vec<&vk::Capabilities> = all
         .iter()
@@ -43,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let arr: Vec<serde_json::Value> = shown
             .iter()
-            .map(|c| to_json(c, chosen == Some(c.index), choice))
+            .map(|c| to_json(c, chosen == Some(c.index), args.kernels))
             .collect();
         out = serde_json::to_string_pretty(&arr)? + "\n";
         return emit(&out);
@@ -60,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "  weights                      auto → {arrow}: {}",
             auto.reason
         )?;
-        let shapes = Shapes::choose(c, choice);
+        let choice = Shapes::for_profile(c, args.kernels);
         writeln!(
             out,
             "  8-lane workgroup = subgroup  {}",
@@ -72,13 +75,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(
             out,
             "  matmul shapes                {}",
-            describe(&shapes, c)
+            describe(&choice.shapes, c)
         )?;
         if chosen == Some(c.index) {
             writeln!(
                 out,
                 "  default                      yes (integrated, then discrete, then CPU; --device N overrides)"
             )?;
+        }
+        writeln!(out, "kernels: {} ({})", choice.profile.as_str(), choice.why)?;
+        if let Some(defect) = c.known_defect() {
+            writeln!(out, "warning: {defect}")?;
         }
         writeln!(out)?;
     }
@@ -99,25 +106,26 @@ fn describe(s: &Shapes, c: &vk::Capabilities) -> String {
         (Some(l), Some(g)) => format!("column split over {l} lanes (one subgroup: {})", g.as_str()),
         _ => "lanes own rows".to_string(),
     };
+    let prefill = match s.gemm {
+        Some(g) => format!("GEMM {} lanes x {} pairs x {} tokens", g.wg, g.pairs, g.tb),
+        None => format!(
+            "{} lanes x {} pairs x {} tokens",
+            s.prefill.wg, s.prefill.pairs, s.prefill.tb
+        ),
+    };
     format!(
-        "{}{}: decode {} lanes x {} row pairs, prefill {} lanes x {} pairs x {} tokens, {split}",
-        s.name,
-        if std::env::var_os("VKDECODE_SHAPES").is_some() {
-            " (VKDECODE_SHAPES)"
-        } else {
-            ""
-        },
-        s.decode.wg,
-        s.decode.pairs,
-        s.prefill.wg,
-        s.prefill.pairs,
-        s.prefill.tb
+        "{}: decode {} lanes x {} row pairs, prefill {prefill}, {split}",
+        s.name, s.decode.wg, s.decode.pairs,
     )
 }
 
-fn to_json(c: &vk::Capabilities, default: bool, choice: ShapeChoice) -> serde_json::Value {
+fn to_json(c: &vk::Capabilities, default: bool, profile: KernelProfile) -> serde_json::Value {
     let auto = auto_decision(c);
-    let shapes = Shapes::choose(c, choice);
+    let ProfileChoice {
+        profile,
+        shapes,
+        why,
+    } = Shapes::for_profile(c, profile);
     let shape =
         |m: &engine::kernels::MatmulShape| json!({"wg": m.wg, "pairs": m.pairs, "tb": m.tb});
     let mut v = json!({
@@ -169,6 +177,8 @@ fn to_json(c: &vk::Capabilities, default: bool, choice: ShapeChoice) -> serde_js
         "full_subgroups": x.full_subgroups,
     })));
     v["one_subgroup_of_8"] = json!(c.one_subgroup_of(8).map(|g| g.as_str()));
+    v["kernels"] = json!({"profile": profile.as_str(), "why": why});
+    v["known_defect"] = json!(c.known_defect());
     v["shapes"] = json!({
         "name": shapes.name,
         "decode": shape(&shapes.decode),

@@ -143,6 +143,13 @@ pub struct Args {
     #[arg(long = "no-column-split")]
     pub no_column_split: bool,
 
+    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
+    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
+    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
+    /// which and why).
+    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
+    pub kernels: engine::kernels::KernelProfile,
+
     /// Never end generation: the end-of-generation tokens are banned (as llama.cpp does),
     /// so the best other token is taken where the model would end (for benchmarks with a
     /// fixed -n). Greedy decoding keeps the GPU's argmax and reads the logits only at the
@@ -274,6 +281,7 @@ pub fn run(args: Args) -> Result<()> {
             sync_each_layer: args.sync_each_layer,
             profile: args.profile,
             column_split: !args.no_column_split,
+            kernels: args.kernels,
         },
         ctx: match args.ctx_size {
             None => CtxRequest::Default(2048),
@@ -382,6 +390,8 @@ pub fn run(args: Args) -> Result<()> {
         "driver": info.driver,
         "weights_mode": if args.backend == Backend::Reference { "none".to_string() } else { format!("{:?}", args.weights).to_lowercase() },
         "weights_path": info.weights_path,
+        "kernels": info.kernels,
+        "kernels_why": info.kernels_why,
         "device_bytes": info.device_bytes,
         "kv_bytes": info.kv_bytes,
         "load_ms": info.load_ms,
@@ -411,8 +421,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     errln!();
     errln!(
-        "device: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
+        "device: {} | kernels: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
         info.device,
+        info.kernels,
         stats["weights_mode"].as_str().unwrap_or(""),
         info.weights_path,
         info.load_ms,

@@ -127,6 +127,13 @@ pub struct Args {
     /// copy (one copy per slot).
     #[arg(long, value_enum, default_value_t = crate::run::WeightsArg::Auto)]
     pub weights: crate::run::WeightsArg,
+
+    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
+    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
+    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
+    /// which and why).
+    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
+    pub kernels: engine::kernels::KernelProfile,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -221,6 +228,7 @@ pub fn run(args: Args) -> Result<()> {
                 mode: args.weights.into(),
                 ..Default::default()
             },
+            kernels: args.kernels,
             ..Default::default()
         },
         ..Default::default()
@@ -249,9 +257,10 @@ pub fn run(args: Args) -> Result<()> {
         errln!("{note}");
     }
     errln!(
-        "vkdecode serve: {} on {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
+        "vkdecode serve: {} on {} | kernels {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
         model_id,
         info.device,
+        info.kernels,
         info.weights_path,
         args.parallel,
         info.ctx_per_slot,

@@ -21,6 +21,8 @@ const RUN_KEYS: &[&str] = &[
     "device",
     "weights_mode",
     "weights_path",
+    "kernels",
+    "kernels_why",
     "device_bytes",
     "kv_bytes",
     "load_ms",
@@ -156,7 +158,15 @@ fn ab_json_keeps_every_run_arms_alternate_and_ratios_are_pairwise() {
         "device from the children's stats: {}",
         j["device"]
     );
-    assert!(j.get("driver").is_some());
+    assert!(
+        j["driver"].as_str().is_some_and(|d| !d.is_empty()),
+        "the driver's name and version: {}",
+        j["driver"]
+    );
+    assert_eq!(
+        j["kernels"], "reference",
+        "the reference runs no GPU kernels"
+    );
     for arm in ["import", "copy", "import+sync"] {
         assert!(
             j["weights_path"][arm].is_string(),
@@ -526,7 +536,8 @@ fn bad_arguments_are_errors_not_panics() {
 }
 
 /// The same harness with the real engine: children on Vulkan (lavapipe in CI), one run
-/// per arm, and `--profile`. Fails without a Vulkan device unless VKDECODE_ALLOW_NO_GPU=1.
+/// per arm, `--profile`, and `--kernels gpu`. Fails without a Vulkan device unless
+/// VKDECODE_ALLOW_NO_GPU=1.
 #[test]
 fn vulkan_children_report_the_residency_path_taken() {
     let dir = scratch("vulkan");
@@ -546,6 +557,8 @@ fn vulkan_children_report_the_residency_path_taken() {
             "--timeout",
             "300",
             "--profile",
+            "--kernels",
+            "gpu",
             "--json",
         ])
         .arg(&json)
@@ -605,6 +618,23 @@ fn vulkan_children_report_the_residency_path_taken() {
     assert!(j["device"].is_string());
     let import = &runs(&j, "import")[0];
     let copy = &runs(&j, "copy")[0];
+    // --kernels reaches every child, and the JSON records the profile and the driver
+    assert_eq!(j["kernels"], "gpu", "{}", j["kernels"]);
+    for r in [import, copy] {
+        assert_eq!(r["kernels"], "gpu", "{}", r["kernels_why"]);
+        assert!(
+            r["kernels_why"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("asked for")),
+            "{}",
+            r["kernels_why"]
+        );
+    }
+    assert!(
+        j["driver"].as_str().is_some_and(|d| !d.trim().is_empty()),
+        "the driver's name and version: {}",
+        j["driver"]
+    );
     assert!(
         j["weights_path"]["import"]
             .as_str()

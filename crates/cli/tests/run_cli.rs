@@ -427,6 +427,35 @@ fn info_reports_the_extension_and_auto_import() {
     assert!(text.contains("4096"), "{text}");
     assert!(text.contains("auto"), "{text}");
     assert!(text.contains("import"), "{text}");
+    // the kernel profile `auto` picks, and why: lavapipe is a CPU device
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("kernels: cpu (auto: a CPU device")),
+        "{text}"
+    );
+    let text = ok(&vkdecode(&["info", "--kernels", "gpu"]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("kernels: gpu (asked for")),
+        "{text}"
+    );
+}
+
+/// `--kernels` takes auto, cpu or gpu; anything else is refused before loading, naming
+/// the choices.
+#[test]
+fn an_unknown_kernel_profile_is_refused() {
+    let out = vkdecode(&[
+        "-m",
+        q8().to_str().unwrap(),
+        "-p",
+        "Hi",
+        "--kernels",
+        "fast",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("auto, cpu or gpu"), "{err}");
 }
 
 #[test]

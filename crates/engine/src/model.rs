@@ -41,12 +41,12 @@ use crate::EngineError;
 
 pub use crate::kernels::{Batch, MatmulShape, MatmulVariant};
 
-/// lavapipe's decode shape (`kernels::LAVAPIPE`; the device's own: `Kernels::shapes`).
-pub const DECODE_SHAPE: MatmulShape = kernels::LAVAPIPE.decode;
-/// lavapipe's prefill shape: the GEMM (`matmul_mm.comp`, `kernels::LAVAPIPE`).
+/// The `cpu` profile's decode shape (`kernels::CPU`; the device's own: `Kernels::shapes`).
+pub const DECODE_SHAPE: MatmulShape = kernels::CPU.decode;
+/// The `cpu` profile's prefill shape: the GEMM (`matmul_mm.comp`, `kernels::CPU`).
 pub const PREFILL_SHAPE: MatmulShape = kernels::GEMM_SHAPE;
 /// lavapipe's prefill shape where the GEMM cannot run: matmul.comp 4 tokens at a time.
-pub const PREFILL_MATVEC_SHAPE: MatmulShape = kernels::LAVAPIPE.prefill;
+pub const PREFILL_MATVEC_SHAPE: MatmulShape = kernels::CPU.prefill;
 
 /// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
 /// it reads lies in binding 0 at its own word offset (one texel view spanning q, k and v,

@@ -42,6 +42,9 @@ pub struct SessionOptions {
     /// Let one-token matmuls split each row's columns across lanes where the device
     /// allows it (`Kernels::column_split`); off: lanes own rows (the fallback, for A/B).
     pub column_split: bool,
+    /// The kernel set (`--kernels`): shaped for a CPU device or for a GPU, or by device
+    /// type (`kernels::Shapes::for_profile`).
+    pub kernels: crate::kernels::KernelProfile,
 }
 
 impl Default for SessionOptions {
@@ -53,6 +56,7 @@ impl Default for SessionOptions {
             sync_each_layer: false,
             profile: false,
             column_split: true,
+            kernels: crate::kernels::KernelProfile::Auto,
         }
     }
 }
@@ -145,7 +149,7 @@ impl Session {
         let weights = Weights::load(&ctx, file, &opts.weights)?;
         let chunk = prefill_chunk(&ctx, &cfg);
         let acts = Activations::new(&ctx, &cfg, cache_rows, chunk, opts.slots)?;
-        let mut kernels = Kernels::new(&ctx)?;
+        let mut kernels = Kernels::with_profile(&ctx, opts.kernels)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
         batch::head_pipelines(&mut kernels, &model)?;
@@ -222,6 +226,11 @@ impl Session {
     /// The context the session was created on.
     pub fn context(&self) -> &Arc<vk::Context> {
         &self.ctx
+    }
+
+    /// The matmul shapes of the session's kernel profile (`SessionOptions::kernels`).
+    pub fn shapes(&self) -> &kernels::Shapes {
+        self.kernels.shapes()
     }
 
     /// Next position to be written in the current slot (tokens in its cache).

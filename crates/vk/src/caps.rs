@@ -5,6 +5,7 @@ use std::fmt;
 
 use ash::vk;
 
+mod defects;
 mod subgroup;
 
 pub use subgroup::{SubgroupGuarantee, SubgroupSizeControl};

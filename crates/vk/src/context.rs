@@ -326,6 +326,9 @@ impl Context {
             validate = opts.validate,
             "vulkan device"
         );
+        if let Some(defect) = caps.known_defect() {
+            tracing::warn!("{defect}");
+        }
         Ok(Arc::new(Context {
             allocator: ManuallyDrop::new(Mutex::new(allocator)),
             queue: Mutex::new(QueueState { queue, fence }),

@@ -200,6 +200,7 @@ pub fn to_json(b: &Bench, summary: &Summary) -> Value {
         "speed": speed,
         "device": first_stat(b, None, &["device"]),
         "driver": first_stat(b, None, &["driver", "driver_info", "driver_name"]),
+        "kernels": first_stat(b, None, &["kernels"]),
         "backend": first_stat(b, None, &["backend"]),
         "model": b.model.display().to_string(),
         "file_size": b.file_size,

@@ -60,6 +60,10 @@ pub struct BackendInfo {
     pub driver: String,
     /// Where the weights live (`import`, `copy`, `f32 in RAM`).
     pub weights_path: String,
+    /// The kernel profile run (`cpu`, `gpu`; `reference` for the reference) and why
+    /// (`kernels::Shapes::for_profile`).
+    pub kernels: String,
+    pub kernels_why: String,
     /// Bytes of device memory: the weights the device holds plus the KV cache.
     pub device_bytes: u64,
     /// Bytes of the KV cache (`2 · n_layers · ctx · kv_dim · 4`).
@@ -99,6 +103,8 @@ pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, Ge
                 device: "cpu (reference)".into(),
                 driver: "reference".into(),
                 weights_path: "f32 in RAM".into(),
+                kernels: "reference".into(),
+                kernels_why: "the CPU reference runs no GPU kernels".into(),
                 device_bytes: 0,
                 kv_bytes: fit::kv_cache_bytes(&cfg, choice.ctx_len as u64).unwrap_or(0),
                 ctx_len: choice.ctx_len,
@@ -132,11 +138,14 @@ pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, Ge
             let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
             let report = session.weights().report();
             let kv_bytes = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
+            let kernels = crate::kernels::Shapes::for_profile(ctx.caps(), opts.session.kernels);
             info = BackendInfo {
                 backend: "vulkan",
                 device: ctx.caps().name.clone(),
                 driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
                 weights_path: report.path.clone(),
+                kernels: kernels.profile.as_str().into(),
+                kernels_why: kernels.why,
                 device_bytes: report.device_bytes.saturating_add(kv_bytes),
                 kv_bytes,
                 ctx_len: session.ctx_len(),

@@ -31,7 +31,7 @@ pub const GEMM_WG: u32 = 8;
 pub const GEMM_PAIRS: u32 = 8;
 pub const GEMM_TILE: u32 = 8;
 /// [`GEMM_WG`], [`GEMM_PAIRS`], [`GEMM_TILE`] as a shape (the `gemm` of
-/// [`LAVAPIPE`](super::LAVAPIPE)).
+/// [`CPU`](super::CPU)).
 pub const GEMM_SHAPE: super::MatmulShape = super::MatmulShape {
     wg: GEMM_WG,
     pairs: GEMM_PAIRS,

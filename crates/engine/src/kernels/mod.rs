@@ -47,6 +47,9 @@ use vk::{Pipeline, PipelineDesc};
 
 use crate::EngineError;
 
+/// The variable [`Kernels::new`] reads its profile from (the CLI's `--kernels` default).
+pub const KERNELS_ENV: &str = "VKDECODE_KERNELS";
+
 /// Columns per chunk of `matmul.comp` / `embed.comp`: rows must be a multiple of this.
 pub const CHUNK: usize = 64;
 /// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
@@ -157,15 +160,31 @@ fn cpu_device_threads() -> u32 {
 }
 
 impl Kernels {
-    /// The pipelines of `ctx`'s device, with the shapes its capabilities call for
-    /// (`VKDECODE_SHAPES=generic` forces the generic entry).
+    /// The pipelines of `ctx`'s device in the profile `VKDECODE_KERNELS` names (`auto`,
+    /// `cpu`, `gpu`; unset: `auto`): the kernel tests and benches run either profile
+    /// through it. A session takes its profile from `SessionOptions::kernels` instead.
     pub fn new(ctx: &Arc<vk::Context>) -> Result<Kernels, EngineError> {
-        let choice = ShapeChoice::from_env().map_err(EngineError::Input)?;
-        let shapes = Shapes::choose(ctx.caps(), choice);
+        let profile = match std::env::var(KERNELS_ENV) {
+            Ok(v) if !v.trim().is_empty() => KernelProfile::parse(&v)
+                .map_err(|e| EngineError::Input(format!("{KERNELS_ENV}: {e}")))?,
+            _ => KernelProfile::Auto,
+        };
+        Kernels::with_profile(ctx, profile)
+    }
+
+    /// The pipelines of `ctx`'s device in `profile` ([`Shapes::for_profile`]).
+    pub fn with_profile(
+        ctx: &Arc<vk::Context>,
+        profile: KernelProfile,
+    ) -> Result<Kernels, EngineError> {
+        let choice = Shapes::for_profile(ctx.caps(), profile);
+        let shapes = choice.shapes;
         tracing::info!(
+            kernels = choice.profile.as_str(),
             shapes = shapes.name,
+            why = choice.why,
             subgroup = ctx.caps().subgroup_size,
-            "matmul shapes"
+            "kernel profile"
         );
         let argmax = Pipeline::new(
             ctx,

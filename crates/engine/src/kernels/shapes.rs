@@ -1,15 +1,20 @@
-//! The matmul shapes a device runs: one table of entries per device class, chosen once
-//! from the capabilities record ([`Shapes::choose`]), so nothing else in the engine
-//! assumes a subgroup or workgroup size.
+//! The kernel profiles (`--kernels auto|cpu|gpu`) and the matmul shapes each runs: one
+//! table entry per device class, chosen once from the capabilities record
+//! ([`Shapes::for_profile`]), so nothing else in the engine assumes a subgroup or
+//! workgroup size.
 //!
-//! - [`LAVAPIPE`]: tuned on lavapipe (Mesa's CPU Vulkan) with 8-lane subgroups: 8-lane
-//!   workgroups (a workgroup is a CPU work unit there) and the column-split decode matvec
-//!   (`matmul_split.comp`), which reduces a row with one `subgroupAdd` and so needs each
-//!   8-lane workgroup to be exactly one subgroup. Chosen for CPU devices that guarantee
-//!   that ([`vk::Capabilities::one_subgroup_of`]: size fixed at 8, or settable to 8).
-//! - [`GENERIC`]: wide workgroups, lanes own rows, no subgroup operation: correct on any
-//!   subgroup size (lavapipe's 4 and 16 included), the entry for GPUs until one is
-//!   measured, and what `VKDECODE_SHAPES=generic` forces (tests, A/B).
+//! - `cpu` ([`CPU`]): tuned on lavapipe (Mesa's CPU Vulkan) with 8-lane subgroups: 8-lane
+//!   workgroups (a workgroup is a CPU work unit there), the column-split decode matvec
+//!   (`matmul_split.comp`, which reduces a row with one `subgroupAdd` and so needs each
+//!   8-lane workgroup to be exactly one subgroup: [`vk::Capabilities::one_subgroup_of`])
+//!   and the prefill GEMM. Where the device does not guarantee that subgroup, the same
+//!   workgroups with lanes owning rows and no subgroup operation ([`CPU_ROWS`]).
+//! - `gpu` ([`GPU`]): wide workgroups, lanes own rows, no subgroup operation: correct at
+//!   any subgroup size the device reports, workgroups within every device's limits.
+//! - `auto`: `cpu` on a CPU device, `gpu` on any other (`vkdecode info` says which and
+//!   why, in its `kernels:` line).
+
+use std::fmt::Write as _;
 
 use vk::{Capabilities, DeviceType, SubgroupGuarantee};
 
@@ -89,14 +94,14 @@ pub struct Shapes {
     pub split_lanes: Option<u32>,
 }
 
-/// lavapipe with 8-lane subgroups. Decode: 8 lanes × 8 row pairs = 128 rows per
-/// workgroup (a matrix may take other pairs: [`MatmulShape::balanced_pairs`]), one token
-/// (measured against 4 pairs, alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0),
-/// two pairs in lockstep (against one: 20.8 vs 18.9 tok/s, median of 5 alternating
-/// runs). Prefill: each weight chunk loaded is used for 4 tokens (about 60
-/// against 50 tok/s over a 200-token prompt).
-pub const LAVAPIPE: Shapes = Shapes {
-    name: "lavapipe",
+/// The `cpu` profile where 8 lanes are one subgroup (lavapipe at its default vector
+/// width). Decode: 8 lanes × 8 row pairs = 128 rows per workgroup (a matrix may take
+/// other pairs: [`MatmulShape::balanced_pairs`]), one token (measured against 4 pairs,
+/// alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
+/// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs). Prefill: each weight
+/// chunk loaded is used for 4 tokens (about 60 against 50 tok/s over a 200-token prompt).
+pub const CPU: Shapes = Shapes {
+    name: "cpu",
     decode: MatmulShape {
         wg: 8,
         pairs: 8,
@@ -111,12 +116,23 @@ pub const LAVAPIPE: Shapes = Shapes {
     split_lanes: Some(8),
 };
 
-/// Any device: 64-lane workgroups (a multiple of every common subgroup size and within
-/// the 128 invocations every Vulkan device allows), two row pairs per lane (the pairs
-/// `matmul.comp` runs in lockstep; one would leave half its work unstored), 256 rows per
-/// workgroup, no subgroup operations.
-pub const GENERIC: Shapes = Shapes {
-    name: "generic",
+/// The `cpu` profile where 8 lanes are not guaranteed to be one subgroup (lavapipe at
+/// `LP_NATIVE_VECTOR_WIDTH` 128 or 512: subgroups of 4 or 16): [`CPU`]'s workgroups with
+/// lanes owning rows, and prefill through matmul.comp 4 tokens at a time, since the
+/// column split and the GEMM both share data across one 8-lane subgroup.
+pub const CPU_ROWS: Shapes = Shapes {
+    name: "cpu-rows",
+    gemm: None,
+    split_lanes: None,
+    ..CPU
+};
+
+/// The `gpu` profile: 64-lane workgroups (a multiple of every common subgroup size and
+/// within the 128 invocations every Vulkan device allows), two row pairs per lane (the
+/// pairs `matmul.comp` runs in lockstep; one would leave half its work unstored), 256
+/// rows per workgroup, no subgroup operations.
+pub const GPU: Shapes = Shapes {
+    name: "gpu",
     decode: MatmulShape {
         wg: 64,
         pairs: 2,
@@ -131,38 +147,54 @@ pub const GENERIC: Shapes = Shapes {
     split_lanes: None,
 };
 
-/// The table [`Shapes::choose`] picks from, first match wins ([`GENERIC`] matches all).
-pub const TABLE: [Shapes; 2] = [LAVAPIPE, GENERIC];
-
-/// Which entry to use: the device's ([`ShapeChoice::Auto`]) or one forced by name.
+/// Which kernel set to run (`--kernels`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ShapeChoice {
+pub enum KernelProfile {
+    /// By device type: [`KernelProfile::Cpu`] on a CPU device, else [`KernelProfile::Gpu`].
     #[default]
     Auto,
-    /// [`GENERIC`], whatever the device.
-    Generic,
+    /// Shaped for a CPU device (lavapipe): [`CPU`], or [`CPU_ROWS`].
+    Cpu,
+    /// Shaped for a GPU: [`GPU`].
+    Gpu,
 }
 
-impl ShapeChoice {
-    /// From `VKDECODE_SHAPES` (`auto`, unset or empty: [`ShapeChoice::Auto`]; `generic`).
-    pub fn from_env() -> Result<ShapeChoice, String> {
-        match std::env::var("VKDECODE_SHAPES") {
-            Err(_) => Ok(ShapeChoice::Auto),
-            Ok(v) => match v.trim() {
-                "" | "auto" => Ok(ShapeChoice::Auto),
-                "generic" => Ok(ShapeChoice::Generic),
-                other => Err(format!(
-                    "VKDECODE_SHAPES={other}: expected `auto` or `generic`"
-                )),
-            },
+impl KernelProfile {
+    /// `auto`, `cpu` or `gpu`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelProfile::Auto => "auto",
+            KernelProfile::Cpu => "cpu",
+            KernelProfile::Gpu => "gpu",
         }
     }
+
+    /// From its name (`auto`, `cpu`, `gpu`).
+    pub fn parse(s: &str) -> Result<KernelProfile, String> {
+        match s.trim() {
+            "auto" => Ok(KernelProfile::Auto),
+            "cpu" => Ok(KernelProfile::Cpu),
+            "gpu" => Ok(KernelProfile::Gpu),
+            other => Err(format!("kernels `{other}`: expected auto, cpu or gpu")),
+        }
+    }
+}
+
+/// The profile a device runs and why ([`Shapes::for_profile`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileChoice {
+    /// [`KernelProfile::Cpu`] or [`KernelProfile::Gpu`], never `Auto`.
+    pub profile: KernelProfile,
+    /// Its shapes on this device.
+    pub shapes: Shapes,
+    /// Why: what `auto` looked at, and why the entry (`vkdecode info`'s `kernels:` line).
+    pub why: String,
 }
 
 impl Shapes {
     /// Whether this entry fits the device: its workgroups within the limits, and where it
     /// splits columns, a device that guarantees one subgroup per workgroup of that many
-    /// lanes (the tuned entry also only on CPU devices, where it was measured).
+    /// lanes.
     pub fn fits(&self, caps: &Capabilities) -> bool {
         let wg_ok = |s: &MatmulShape| {
             s.wg <= caps.max_compute_work_group_size[0]
@@ -171,24 +203,51 @@ impl Shapes {
         if !wg_ok(&self.decode) || !wg_ok(&self.prefill) || !self.gemm.as_ref().is_none_or(wg_ok) {
             return false;
         }
-        match self.split_lanes {
-            None => true,
-            Some(lanes) => {
-                caps.device_type == DeviceType::Cpu && caps.one_subgroup_of(lanes).is_some()
-            }
-        }
+        self.split_lanes
+            .is_none_or(|lanes| caps.one_subgroup_of(lanes).is_some())
     }
 
-    /// The entry for a device: the first of [`TABLE`] that fits, or [`GENERIC`] when
-    /// forced (or when nothing fits: a device below Vulkan's minimum limits).
-    pub fn choose(caps: &Capabilities, choice: ShapeChoice) -> Shapes {
-        match choice {
-            ShapeChoice::Generic => GENERIC,
-            ShapeChoice::Auto => TABLE
-                .iter()
-                .copied()
-                .find(|s| s.fits(caps))
-                .unwrap_or(GENERIC),
+    /// The profile and shapes `profile` means on a device, and why. `auto` takes `cpu` on
+    /// a CPU device and `gpu` on any other; `cpu` is [`CPU`] where 8 lanes are one
+    /// subgroup, else [`CPU_ROWS`], and [`GPU`] where neither fits (a device below
+    /// Vulkan's minimum limits).
+    pub fn for_profile(caps: &Capabilities, profile: KernelProfile) -> ProfileChoice {
+        let (profile, mut why) = match profile {
+            KernelProfile::Auto if caps.device_type == DeviceType::Cpu => {
+                (KernelProfile::Cpu, "auto: a CPU device".to_string())
+            }
+            KernelProfile::Auto => (
+                KernelProfile::Gpu,
+                format!("auto: a {} GPU", caps.device_type.as_str()),
+            ),
+            p => (p, "asked for".to_string()),
+        };
+        let shapes = match profile {
+            KernelProfile::Cpu if CPU.fits(caps) => {
+                why.push_str("; 8 lanes are one subgroup: column-split decode, prefill GEMM");
+                CPU
+            }
+            KernelProfile::Cpu if CPU_ROWS.fits(caps) => {
+                let _ = write!(
+                    why,
+                    "; subgroups of {} lanes, 8 not guaranteed: lanes own rows, no GEMM",
+                    caps.subgroup_size
+                );
+                CPU_ROWS
+            }
+            _ => {
+                let _ = write!(
+                    why,
+                    "; {}-lane workgroups, lanes own rows, any subgroup size",
+                    GPU.decode.wg
+                );
+                GPU
+            }
+        };
+        ProfileChoice {
+            profile,
+            shapes,
+            why,
         }
     }
 
@@ -239,58 +298,83 @@ mod tests {
         })
     }
 
-    /// lavapipe at its three vector widths (subgroups of 4, 8, 16, fixed): only 8 gets the
-    /// tuned shapes; a device that can be asked for 8 lanes gets them too.
+    fn shapes(caps: &Capabilities, p: KernelProfile) -> Shapes {
+        Shapes::for_profile(caps, p).shapes
+    }
+
+    /// lavapipe at its three vector widths (subgroups of 4, 8, 16, fixed): the `cpu`
+    /// profile splits columns only at 8; a device that can be asked for 8 lanes splits
+    /// too. `auto` is `cpu` on a CPU device.
     #[test]
     fn the_column_split_needs_a_guaranteed_8_lane_subgroup() {
-        let auto = ShapeChoice::Auto;
-        assert_eq!(Shapes::choose(&cpu(8, control(8, 8, true)), auto), LAVAPIPE);
-        assert_eq!(Shapes::choose(&cpu(8, None), auto), LAVAPIPE);
-        assert_eq!(Shapes::choose(&cpu(4, control(4, 4, true)), auto), GENERIC);
-        assert_eq!(
-            Shapes::choose(&cpu(16, control(16, 16, true)), auto),
-            GENERIC
+        let auto = KernelProfile::Auto;
+        let choice = Shapes::for_profile(&cpu(8, None), auto);
+        assert_eq!(choice.profile, KernelProfile::Cpu);
+        assert_eq!(choice.shapes, CPU);
+        assert!(
+            choice.why.starts_with("auto: a CPU device"),
+            "{}",
+            choice.why
         );
-        assert_eq!(Shapes::choose(&cpu(16, None), auto), GENERIC);
+        assert_eq!(shapes(&cpu(8, control(8, 8, true)), auto), CPU);
+        assert_eq!(shapes(&cpu(4, control(4, 4, true)), auto), CPU_ROWS);
+        assert_eq!(shapes(&cpu(16, control(16, 16, true)), auto), CPU_ROWS);
+        assert_eq!(shapes(&cpu(16, None), auto), CPU_ROWS);
+        let why = Shapes::for_profile(&cpu(16, None), auto).why;
+        assert!(why.contains("subgroups of 16 lanes"), "{why}");
         // a range including 8, requirable in compute
         let c = cpu(16, control(4, 16, true));
-        assert_eq!(Shapes::choose(&c, auto), LAVAPIPE);
+        assert_eq!(shapes(&c, auto), CPU);
         assert_eq!(c.one_subgroup_of(8), Some(SubgroupGuarantee::Required));
         // the same range, but compute may not require a size: not guaranteed
-        assert_eq!(
-            Shapes::choose(&cpu(16, control(4, 16, false)), auto),
-            GENERIC
-        );
+        assert_eq!(shapes(&cpu(16, control(4, 16, false)), auto), CPU_ROWS);
         // a varying size that happens to default to 8 is not a guarantee
-        assert_eq!(
-            Shapes::choose(&cpu(8, control(4, 16, false)), auto),
-            GENERIC
-        );
+        assert_eq!(shapes(&cpu(8, control(4, 16, false)), auto), CPU_ROWS);
         // no subgroup arithmetic
         let mut c = cpu(8, None);
         c.subgroup_operations = vec!["basic"];
-        assert_eq!(Shapes::choose(&c, auto), GENERIC);
+        assert_eq!(shapes(&c, auto), CPU_ROWS);
         // forced
-        assert_eq!(Shapes::choose(&cpu(8, None), ShapeChoice::Generic), GENERIC);
+        let forced = Shapes::for_profile(&cpu(8, None), KernelProfile::Gpu);
+        assert_eq!((forced.profile, forced.shapes), (KernelProfile::Gpu, GPU));
+        assert!(forced.why.starts_with("asked for"), "{}", forced.why);
     }
 
-    /// The tuned entry is lavapipe's: a GPU with 8-lane subgroups still gets the generic
-    /// wide workgroups; limits below an entry's workgroup rule it out.
+    /// A GPU gets the `gpu` profile under `auto`, whatever its subgroups; `cpu` may be
+    /// forced on it (split where it can ask for 8 lanes); limits below an entry's
+    /// workgroups rule it out.
     #[test]
-    fn gpus_get_the_generic_entry() {
+    fn gpus_get_the_gpu_profile() {
         let mut gpu = cpu(8, control(8, 32, true));
         gpu.device_type = DeviceType::Integrated;
-        assert_eq!(Shapes::choose(&gpu, ShapeChoice::Auto), GENERIC);
+        let choice = Shapes::for_profile(&gpu, KernelProfile::Auto);
+        assert_eq!((choice.profile, choice.shapes), (KernelProfile::Gpu, GPU));
+        assert!(
+            choice.why.starts_with("auto: a integrated GPU"),
+            "{}",
+            choice.why
+        );
+        assert_eq!(shapes(&gpu, KernelProfile::Cpu), CPU);
         let mut small = cpu(8, None);
         small.max_compute_work_group_size = [4, 4, 4];
-        assert!(!LAVAPIPE.fits(&small) && !GENERIC.fits(&small));
+        assert!(!CPU.fits(&small) && !CPU_ROWS.fits(&small) && !GPU.fits(&small));
+        assert_eq!(shapes(&small, KernelProfile::Cpu), GPU);
+    }
+
+    #[test]
+    fn profiles_parse_from_their_names() {
+        for p in [KernelProfile::Auto, KernelProfile::Cpu, KernelProfile::Gpu] {
+            assert_eq!(KernelProfile::parse(p.as_str()), Ok(p));
+        }
+        let e = KernelProfile::parse("fast").unwrap_err();
+        assert!(e.contains("auto, cpu or gpu"), "{e}");
     }
 
     /// SmolLM2's and Gemma 3's one-token matmuls on lavapipe's 2 threads (this machine),
     /// and on 16.
     #[test]
     fn pairs_balance_the_workgroups_over_the_threads() {
-        let d = LAVAPIPE.decode;
+        let d = CPU.decode;
         // q, k, v in one dispatch: 5 + 2 + 2 workgroups of 128 rows (5 rounds) against
         // 6 + 2 + 2 of 96 (5 rounds of three quarters the time)
         assert_eq!(d.balanced_pairs(false, &[576, 192, 192], 2), 6);
@@ -330,9 +414,10 @@ mod tests {
 
     #[test]
     fn batch_kinds_map_to_their_shapes() {
-        assert_eq!(LAVAPIPE.of(Batch::Prefill, false), super::super::GEMM_SHAPE);
-        assert_eq!(LAVAPIPE.of(Batch::PrefillMatvec, false), LAVAPIPE.prefill);
-        assert_eq!(LAVAPIPE.of(Batch::Prefill, true), LAVAPIPE.decode);
-        assert_eq!(GENERIC.of(Batch::Decode, false), GENERIC.decode);
+        assert_eq!(CPU.of(Batch::Prefill, false), super::super::GEMM_SHAPE);
+        assert_eq!(CPU.of(Batch::PrefillMatvec, false), CPU.prefill);
+        assert_eq!(CPU.of(Batch::Prefill, true), CPU.decode);
+        assert_eq!(CPU_ROWS.of(Batch::Prefill, false), CPU.prefill);
+        assert_eq!(GPU.of(Batch::Decode, false), GPU.decode);
     }
 }

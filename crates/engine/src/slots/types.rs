@@ -68,6 +68,9 @@ pub struct SlotsInfo {
     pub device: String,
     /// Where the weights live (`import`, `copy`).
     pub weights_path: String,
+    /// The kernel profile run (`cpu`, `gpu`) and why (`kernels::Shapes::for_profile`).
+    pub kernels: String,
+    pub kernels_why: String,
     /// Bytes of device memory: the weights the device holds plus the KV caches.
     pub device_bytes: u64,
     /// A line for the user when the context was chosen or capped for them.

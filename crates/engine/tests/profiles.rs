@@ -1,9 +1,9 @@
-//! The generic (wide-workgroup) matmul shapes, forced with `VKDECODE_SHAPES=generic`
-//! whatever the device, against the f32 CPU reference on the default model: every
-//! prompt position through the decode path, the batched prefill's last logits, then
-//! greedy tokens. On lavapipe the auto choice is the tuned 8-lane entry (subgroups of 8)
-//! or, at `LP_NATIVE_VECTOR_WIDTH=128`/`512`, the generic one already; this test runs the
-//! generic one at every width.
+//! Each kernel profile (`SessionOptions::kernels`: `cpu`, `gpu`), whatever the device,
+//! against the f32 CPU reference on the default model: every prompt position through the
+//! decode path, the batched prefill's last logits, then greedy tokens. On lavapipe `cpu`
+//! is the tuned 8-lane entry with the column split and the GEMM (subgroups of 8) or, at
+//! `LP_NATIVE_VECTOR_WIDTH=128`/`512`, its lanes-own-rows form; `gpu` is the wide
+//! workgroups at every width. `.ci/run` runs this at the three widths.
 //!
 //! Tolerance as in model_smollm.rs: TOL = 0.002 on logits of O(10) (the GPU sums in
 //! another order than the reference; a wrong row, tile bound or scale moves them by O(1)).
@@ -14,7 +14,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use engine::kernels::{Kernels, GENERIC};
+use engine::kernels::{KernelProfile, Shapes};
 use engine::{Session, SessionOptions};
 use reference::{forward, Model, State};
 
@@ -29,23 +29,34 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// The only test in this binary, so setting the variable races with nothing.
 #[test]
-fn generic_shapes_decode_matches_reference() {
-    std::env::set_var("VKDECODE_SHAPES", "generic");
+fn the_cpu_profile_decodes_as_the_reference() {
+    decodes_as_the_reference(KernelProfile::Cpu);
+}
+
+#[test]
+fn the_gpu_profile_decodes_as_the_reference() {
+    decodes_as_the_reference(KernelProfile::Gpu);
+}
+
+fn decodes_as_the_reference(profile: KernelProfile) {
     let Some(ctx) = ctx() else { return };
     let file =
         Arc::new(gguf::GgufFile::open(model_path("SmolLM2-135M-Instruct.Q8_0.gguf")).unwrap());
     let model = Model::load(&file).unwrap();
     let opts = SessionOptions {
         ctx_len: 64,
+        kernels: profile,
         ..SessionOptions::default()
     };
-    // the session's kernels read the variable as these do
-    let ks = Kernels::new(&ctx).unwrap();
-    assert_eq!(ks.shapes(), &GENERIC, "VKDECODE_SHAPES=generic");
-    drop(ks);
+    let choice = Shapes::for_profile(ctx.caps(), profile);
+    assert_eq!(choice.profile, profile);
     let mut s = Session::new(Arc::clone(&ctx), Arc::clone(&file), &opts).unwrap();
+    assert_eq!(
+        s.shapes(),
+        &choice.shapes,
+        "the session runs its profile's shapes"
+    );
 
     // every prompt position, one token per submission
     let mut state = State::new(model.config(), 64);
@@ -94,7 +105,9 @@ fn generic_shapes_decode_matches_reference() {
     }
     assert!(same >= 4, "only {same} greedy ids agreed");
     eprintln!(
-        "generic shapes (subgroup size {}): {same} greedy ids equal, max logit difference {worst}",
+        "{} profile, {} shapes (subgroup size {}): {same} greedy ids equal, max logit difference {worst}",
+        profile.as_str(),
+        choice.shapes.name,
         ctx.caps().subgroup_size
     );
     drop(s);
