@@ -47,7 +47,8 @@ use vk::{Pipeline, PipelineDesc};
 
 use crate::EngineError;
 
-/// The variable [`Kernels::new`] reads its profile from (the CLI's `--kernels` default).
+/// The variable [`Kernels::new`] reads its profile from (kernel tests and benches; the CLI
+/// takes `--kernels`).
 pub const KERNELS_ENV: &str = "VKDECODE_KERNELS";
 
 /// Columns per chunk of `matmul.comp` / `embed.comp`: rows must be a multiple of this.
