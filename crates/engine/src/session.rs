@@ -233,6 +233,11 @@ impl Session {
         self.kernels.shapes()
     }
 
+    /// The kernel profile the session runs (`SessionOptions::kernels` on this device), and why.
+    pub fn profile(&self) -> &kernels::ProfileChoice {
+        self.kernels.profile()
+    }
+
     /// Next position to be written in the current slot (tokens in its cache).
     pub fn pos(&self) -> usize {
         self.pos[self.slot]

@@ -141,7 +141,6 @@ impl Slots {
         let per_slot = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
         let report = session.weights().report();
         let kv_bytes = per_slot.saturating_mul(n as u64);
-        let kernels = crate::kernels::Shapes::for_profile(ctx.caps(), opts.session.kernels);
         let info = SlotsInfo {
             slots: n,
             ctx_per_slot: session.ctx_len(),
@@ -149,8 +148,8 @@ impl Slots {
             kv_bytes,
             device: ctx.caps().name.clone(),
             weights_path: report.path.clone(),
-            kernels: kernels.profile.as_str().into(),
-            kernels_why: kernels.why,
+            kernels: session.profile().profile.as_str().into(),
+            kernels_why: session.profile().why.clone(),
             device_bytes: report.device_bytes.saturating_add(kv_bytes),
             ctx_note: choice.note,
             load_ms: start.elapsed().as_secs_f64() * 1e3,

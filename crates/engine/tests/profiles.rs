@@ -57,6 +57,7 @@ fn decodes_as_the_reference(profile: KernelProfile) {
         &choice.shapes,
         "the session runs its profile's shapes"
     );
+    assert_eq!(s.profile(), &choice, "and reports the profile it runs");
 
     // every prompt position, one token per submission
     let mut state = State::new(model.config(), 64);

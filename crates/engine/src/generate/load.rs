@@ -138,14 +138,13 @@ pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, Ge
             let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
             let report = session.weights().report();
             let kv_bytes = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
-            let kernels = crate::kernels::Shapes::for_profile(ctx.caps(), opts.session.kernels);
             info = BackendInfo {
                 backend: "vulkan",
                 device: ctx.caps().name.clone(),
                 driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
                 weights_path: report.path.clone(),
-                kernels: kernels.profile.as_str().into(),
-                kernels_why: kernels.why,
+                kernels: session.profile().profile.as_str().into(),
+                kernels_why: session.profile().why.clone(),
                 device_bytes: report.device_bytes.saturating_add(kv_bytes),
                 kv_bytes,
                 ctx_len: session.ctx_len(),

@@ -141,8 +141,10 @@ pub struct Kernels {
     softcap: Option<Pipeline>,
     /// Whether one-token matmuls may split columns across lanes ([`Kernels::column_split`]).
     column_split: bool,
-    /// The device's matmul shapes ([`Shapes::choose`]).
+    /// The matmul shapes of the profile (`set_shapes` may replace them in tests).
     shapes: Shapes,
+    /// The profile these pipelines were made for, and why ([`Shapes::for_profile`]).
+    profile: ProfileChoice,
     /// The worker threads a CPU device runs workgroups on ([`cpu_device_threads`]); 0 on
     /// any other device.
     cpu_threads: u32,
@@ -183,7 +185,7 @@ impl Kernels {
         tracing::info!(
             kernels = choice.profile.as_str(),
             shapes = shapes.name,
-            why = choice.why,
+            why = %choice.why,
             subgroup = ctx.caps().subgroup_size,
             "kernel profile"
         );
@@ -207,6 +209,7 @@ impl Kernels {
             softcap: None,
             column_split: true,
             shapes,
+            profile: choice,
             cpu_threads: if ctx.caps().device_type == vk::DeviceType::Cpu {
                 cpu_device_threads()
             } else {
@@ -218,6 +221,11 @@ impl Kernels {
     /// The matmul shapes in use.
     pub fn shapes(&self) -> &Shapes {
         &self.shapes
+    }
+
+    /// The profile these pipelines were made for, and why.
+    pub fn profile(&self) -> &ProfileChoice {
+        &self.profile
     }
 
     /// Uses `shapes` for every matmul built afterwards (pipelines are keyed by shape, so
