@@ -58,12 +58,8 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "import,copy")]
     pub modes: Vec<Mode>,
 
-    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
-    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
-    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
-    /// which and why).
-    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
-    pub kernels: engine::kernels::KernelProfile,
+    #[command(flatten)]
+    pub kernels: crate::kernels_arg::KernelsArg,
 
     /// Runs per arm (each a fresh process; arms alternate).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
@@ -485,7 +481,7 @@ fn child_args(args: &Args, arm: &Arm, ids: &str) -> Vec<OsString> {
         v.push("--sync-each-layer".into());
     }
     v.push("--kernels".into());
-    v.push(args.kernels.as_str().into());
+    v.push(args.kernels.profile.as_str().into());
     if let Some(b) = &args.backend {
         v.push("--backend".into());
         v.push(b.into());
@@ -563,7 +559,9 @@ mod tests {
         let args = Args {
             model: "m.gguf".into(),
             modes: vec![Mode::Copy],
-            kernels: engine::kernels::KernelProfile::Gpu,
+            kernels: crate::kernels_arg::KernelsArg {
+                profile: engine::kernels::KernelProfile::Gpu,
+            },
             repetitions: 1,
             prompt_tokens: 3,
             decode_tokens: 5,

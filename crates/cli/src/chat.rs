@@ -73,12 +73,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 
-    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
-    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
-    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
-    /// which and why).
-    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
-    pub kernels: engine::kernels::KernelProfile,
+    #[command(flatten)]
+    pub kernels: crate::kernels_arg::KernelsArg,
 
     /// Largest single import allocation, e.g. 256MiB (default: the driver's limits).
     #[arg(long = "import-cap", value_name = "SIZE", value_parser = parse_size)]
@@ -158,7 +154,7 @@ pub fn run(args: Args) -> Result<()> {
                 import_cap: args.import_cap.filter(|_| args.weights != WeightsArg::Copy),
                 mlock: false,
             },
-            kernels: args.kernels,
+            kernels: args.kernels.profile,
             ..Default::default()
         },
         // one submit per token through the one-token pipelines: the answers are those

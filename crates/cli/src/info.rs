@@ -20,9 +20,9 @@ pub struct Args {
     /// Print one JSON array instead of text.
     #[arg(long)]
     json: bool,
-    /// The kernel profile to describe (as `--kernels` of run, bench and serve).
-    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = KernelProfile::parse)]
-    kernels: KernelProfile,
+    // The kernel set to describe (the `--kernels` of run, chat, serve and bench).
+    #[command(flatten)]
+    kernels: crate::kernels_arg::KernelsArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let arr: Vec<serde_json::Value> = shown
             .iter()
-            .map(|c| to_json(c, chosen == Some(c.index), args.kernels))
+            .map(|c| to_json(c, chosen == Some(c.index), args.kernels.profile))
             .collect();
         out = serde_json::to_string_pretty(&arr)? + "\n";
         return emit(&out);
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "  weights                      auto → {arrow}: {}",
             auto.reason
         )?;
-        let choice = Shapes::for_profile(c, args.kernels);
+        let choice = Shapes::for_profile(c, args.kernels.profile);
         writeln!(
             out,
             "  8-lane workgroup = subgroup  {}",

@@ -42,6 +42,7 @@ mod convert;
 mod info;
 mod input;
 mod inspect;
+mod kernels_arg;
 mod out;
 mod out_path;
 mod run;

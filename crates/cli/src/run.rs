@@ -143,12 +143,8 @@ pub struct Args {
     #[arg(long = "no-column-split")]
     pub no_column_split: bool,
 
-    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
-    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
-    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
-    /// which and why).
-    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
-    pub kernels: engine::kernels::KernelProfile,
+    #[command(flatten)]
+    pub kernels: crate::kernels_arg::KernelsArg,
 
     /// Never end generation: the end-of-generation tokens are banned (as llama.cpp does),
     /// so the best other token is taken where the model would end (for benchmarks with a
@@ -281,7 +277,7 @@ pub fn run(args: Args) -> Result<()> {
             sync_each_layer: args.sync_each_layer,
             profile: args.profile,
             column_split: !args.no_column_split,
-            kernels: args.kernels,
+            kernels: args.kernels.profile,
         },
         ctx: match args.ctx_size {
             None => CtxRequest::Default(2048),

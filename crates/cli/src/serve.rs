@@ -128,12 +128,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = crate::run::WeightsArg::Auto)]
     pub weights: crate::run::WeightsArg,
 
-    /// Kernel set: `cpu` (shaped for CPU devices such as lavapipe: 8-lane workgroups,
-    /// column-split decode, prefill GEMM), `gpu` (shaped for GPUs: wide workgroups,
-    /// correct at any subgroup size), or `auto` (by device type; `vkdecode info` says
-    /// which and why).
-    #[arg(long, value_name = "auto|cpu|gpu", default_value = "auto", value_parser = engine::kernels::KernelProfile::parse)]
-    pub kernels: engine::kernels::KernelProfile,
+    #[command(flatten)]
+    pub kernels: crate::kernels_arg::KernelsArg,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -228,7 +224,7 @@ pub fn run(args: Args) -> Result<()> {
                 mode: args.weights.into(),
                 ..Default::default()
             },
-            kernels: args.kernels,
+            kernels: args.kernels.profile,
             ..Default::default()
         },
         ..Default::default()
