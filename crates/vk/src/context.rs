@@ -12,6 +12,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use crate::caps::{self, Capabilities};
 use crate::command::CommandBuffer;
 use crate::error::{VkError, VkResultExt};
+use crate::pipeline_cache::PipelineCache;
 use crate::validation::{self, Counters};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -190,8 +191,11 @@ struct QueueState {
 
 /// The Vulkan context every other object hangs off (through an `Arc`).
 pub struct Context {
-    // Drop order is explicit in `Drop`: wait idle, allocator, fence, device, instance.
+    // Drop order is explicit in `Drop`: wait idle, pipelines, allocator, fence, device,
+    // instance.
     allocator: ManuallyDrop<Mutex<Allocator>>,
+    /// Every pipeline built on this device, by description (pipeline_cache.rs).
+    pipelines: PipelineCache,
     queue: Mutex<QueueState>,
     device: ash::Device,
     host_memory: Option<ash::ext::external_memory_host::Device>,
@@ -343,6 +347,7 @@ impl Context {
             live_allocations: AtomicU64::new(0),
             total_allocations: AtomicU64::new(0),
             fault_timeout: AtomicBool::new(fault_from_env("fence-timeout")),
+            pipelines: PipelineCache::default(),
             instance: ManuallyDrop::new(inst),
         }))
     }
@@ -350,6 +355,16 @@ impl Context {
     /// The chosen device's capabilities.
     pub fn caps(&self) -> &Capabilities {
         &self.caps
+    }
+
+    pub(crate) fn pipeline_cache(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+
+    /// How many distinct pipelines this context has built (each is built once and kept
+    /// until the context goes).
+    pub fn pipelines_built(&self) -> usize {
+        self.pipelines.len()
     }
 
     /// Validation and driver messages (warnings + errors) seen so far that are not on the
@@ -553,9 +568,11 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: children hold an `Arc<Context>`, so none is alive now. Wait for the
-        // GPU, free the allocator's memory blocks, then the fence, device and instance.
+        // GPU, destroy the pipelines (no pipeline, set or recording is left to use them),
+        // free the allocator's memory blocks, then the fence, device and instance.
         unsafe {
             let _ = self.device.device_wait_idle();
+            self.pipelines.destroy_all(&self.device);
             ManuallyDrop::drop(&mut self.allocator);
             if let Ok(q) = self.queue.get_mut() {
                 self.device.destroy_fence(q.fence, None);

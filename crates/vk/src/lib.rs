@@ -21,6 +21,7 @@ mod context;
 mod error;
 mod import;
 mod pipeline;
+mod pipeline_cache;
 mod shader;
 pub mod testing;
 mod texel;

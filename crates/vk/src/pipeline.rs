@@ -9,6 +9,7 @@ use ash::vk;
 
 use crate::buffer::BufferBinding;
 use crate::error::{VkError, VkResultExt};
+use crate::pipeline_cache::{PipelineKey, PipelineObjects};
 use crate::texel::BufferView;
 use crate::{Context, Shader};
 
@@ -70,8 +71,9 @@ pub struct PipelineDesc {
     pub spec: Vec<u32>,
 }
 
-/// The set layout and descriptor pools; shared by the pipeline and its sets so a set
-/// never outlives the pool it came from.
+/// The descriptor pools of one [`Pipeline`] (the set layout is the context's, with the
+/// pipeline); shared by the pipeline and its sets so a set never outlives the pool it
+/// came from.
 struct SetAllocator {
     layout: vk::DescriptorSetLayout,
     n_bindings: u32,
@@ -95,13 +97,12 @@ impl Drop for SetAllocator {
                     dev.destroy_descriptor_pool(pool, None);
                 }
             }
-            dev.destroy_descriptor_set_layout(self.layout, None);
         }
     }
 }
 
 /// The descriptor type of one binding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DescriptorKind {
     /// `buffer` block in GLSL.
     StorageBuffer,
@@ -150,30 +151,17 @@ impl DescriptorSet {
     }
 }
 
-/// The pipeline objects, destroyed when the [`Pipeline`] and every recording of it
-/// are gone.
+/// The pipeline handles a recording binds. The context owns and destroys them
+/// ([`Context::pipelines_built`]); this value keeps the context alive while a recording
+/// of the pipeline exists.
 pub(crate) struct RawPipeline {
     pipeline: vk::Pipeline,
     layout: vk::PipelineLayout,
-    module: vk::ShaderModule,
-    ctx: Arc<Context>,
+    _ctx: Arc<Context>,
 }
 
-impl Drop for RawPipeline {
-    fn drop(&mut self) {
-        let dev = self.ctx.device();
-        // SAFETY: no recording can reach the pipeline any more (they hold this value
-        // and are released after their submission completed); the set layout and
-        // pools are released by `SetAllocator` when its last Arc goes.
-        unsafe {
-            dev.destroy_pipeline(self.pipeline, None);
-            dev.destroy_shader_module(self.module, None);
-            dev.destroy_pipeline_layout(self.layout, None);
-        }
-    }
-}
-
-/// A compute pipeline and everything it owns.
+/// A compute pipeline: the context's objects for its description (built on first
+/// request, see [`Context::pipelines_built`]) and descriptor pools of its own.
 pub struct Pipeline {
     raw: Arc<RawPipeline>,
     sets: Arc<SetAllocator>,
@@ -272,115 +260,29 @@ impl Pipeline {
         if replaced.is_some() {
             tracing::warn!(kernel, "SPIR-V replaced from {SPIRV_DIR_ENV}");
         }
-        let dev = ctx.device();
-        let bindings: Vec<vk::DescriptorSetLayoutBinding> = (0..desc.n_bindings)
-            .map(|b| {
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(b)
-                    .descriptor_type(kinds[b as usize].vk())
-                    .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            })
-            .collect();
-        let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-        // SAFETY: valid create info on a live device.
-        let set_layout = unsafe { dev.create_descriptor_set_layout(&set_info, None) }
-            .call("vkCreateDescriptorSetLayout")?;
+        let key = PipelineKey {
+            shader: desc.kernel as *const Shader as usize,
+            kinds: kinds.iter().map(|k| k.vk()).collect(),
+            push_size: desc.push_size,
+            spec: desc.spec.clone(),
+            required_lanes,
+            replaced,
+        };
+        let objects = ctx
+            .pipeline_cache()
+            .get_or_make(key.clone(), || make_objects(ctx, desc, &key))?;
         let sets = Arc::new(SetAllocator {
-            layout: set_layout,
+            layout: objects.set_layout,
             n_bindings: desc.n_bindings,
             kinds: kinds.to_vec(),
             pools: Mutex::new((Vec::new(), 0)),
             ctx: Arc::clone(ctx),
         });
-        // From here `sets` owns the set layout; build the rest, cleaning up on error.
-        let set_layouts = [set_layout];
-        let ranges = [vk::PushConstantRange::default()
-            .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            .offset(0)
-            .size(desc.push_size)];
-        let mut pl_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);
-        if desc.push_size > 0 {
-            pl_info = pl_info.push_constant_ranges(&ranges);
-        }
-        // SAFETY: valid create info referencing a live set layout.
-        let layout =
-            unsafe { dev.create_pipeline_layout(&pl_info, None) }.call("vkCreatePipelineLayout")?;
-        let code: &[u32] = replaced.as_deref().unwrap_or_else(|| desc.kernel.spirv());
-        let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
-        // SAFETY: `code` is SPIR-V produced by glslc at build time, unless a developer set
-        // VKDECODE_SPIRV_DIR: a replacement is checked for the SPIR-V header only, and its
-        // validity is theirs to ensure (as glslc's output is ours).
-        let module = match unsafe { dev.create_shader_module(&mod_info, None) } {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: unused layout.
-                unsafe { dev.destroy_pipeline_layout(layout, None) };
-                return Err(VkError::Call {
-                    call: "vkCreateShaderModule",
-                    result: e,
-                });
-            }
-        };
-        let entries: Vec<vk::SpecializationMapEntry> = (0..desc.spec.len() as u32)
-            .map(|i| vk::SpecializationMapEntry {
-                constant_id: i,
-                offset: i * 4,
-                size: 4,
-            })
-            .collect();
-        let spec_data: &[u8] = bytemuck::cast_slice(&desc.spec);
-        let spec_info = vk::SpecializationInfo::default()
-            .map_entries(&entries)
-            .data(spec_data);
-        let mut stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(c"main");
-        if !desc.spec.is_empty() {
-            stage = stage.specialization_info(&spec_info);
-        }
-        let mut required = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
-            .required_subgroup_size(required_lanes.unwrap_or(0));
-        if required_lanes.is_some() {
-            // `one_subgroup_of` checked the size range, compute in
-            // requiredSubgroupSizeStages and computeFullSubgroups; the context enabled both
-            // features.
-            stage = stage
-                .flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS)
-                .push_next(&mut required);
-        }
-        let cinfo = [vk::ComputePipelineCreateInfo::default()
-            .stage(stage)
-            .layout(layout)];
-        // SAFETY: module and layout are live; arrays outlive the call.
-        let created =
-            unsafe { dev.create_compute_pipelines(vk::PipelineCache::null(), &cinfo, None) };
-        let pipeline = match created {
-            Ok(p) => p[0],
-            Err((p, e)) => {
-                // SAFETY: none of these is in use.
-                unsafe {
-                    for x in p {
-                        if x != vk::Pipeline::null() {
-                            dev.destroy_pipeline(x, None);
-                        }
-                    }
-                    dev.destroy_shader_module(module, None);
-                    dev.destroy_pipeline_layout(layout, None);
-                }
-                return Err(VkError::Call {
-                    call: "vkCreateComputePipelines",
-                    result: e,
-                });
-            }
-        };
         Ok(Pipeline {
             raw: Arc::new(RawPipeline {
-                pipeline,
-                layout,
-                module,
-                ctx: Arc::clone(ctx),
+                pipeline: objects.pipeline,
+                layout: objects.layout,
+                _ctx: Arc::clone(ctx),
             }),
             sets,
             kernel: desc.kernel,
@@ -573,6 +475,132 @@ impl Pipeline {
     /// identically defined set layouts are compatible).
     pub(crate) fn accepts(&self, set: &DescriptorSet) -> bool {
         Arc::ptr_eq(&self.sets, &set.inner.owner) || self.sets.kinds == set.inner.owner.kinds
+    }
+}
+
+/// Creates the set layout, pipeline layout and pipeline of `key` (the shader module
+/// only for as long as creating the pipeline needs it), destroying what was made when a
+/// step fails.
+fn make_objects(
+    ctx: &Context,
+    desc: &PipelineDesc,
+    key: &PipelineKey,
+) -> Result<PipelineObjects, VkError> {
+    let dev = ctx.device();
+    let bindings: Vec<vk::DescriptorSetLayoutBinding> = key
+        .kinds
+        .iter()
+        .enumerate()
+        .map(|(b, &kind)| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(b as u32)
+                .descriptor_type(kind)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        })
+        .collect();
+    let set_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+    // SAFETY: valid create info on a live device.
+    let set_layout = unsafe { dev.create_descriptor_set_layout(&set_info, None) }
+        .call("vkCreateDescriptorSetLayout")?;
+    let set_layouts = [set_layout];
+    let ranges = [vk::PushConstantRange::default()
+        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        .offset(0)
+        .size(desc.push_size)];
+    let mut pl_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);
+    if desc.push_size > 0 {
+        pl_info = pl_info.push_constant_ranges(&ranges);
+    }
+    // SAFETY: valid create info referencing a live set layout.
+    let layout = match unsafe { dev.create_pipeline_layout(&pl_info, None) } {
+        Ok(l) => l,
+        Err(e) => {
+            // SAFETY: unused set layout.
+            unsafe { dev.destroy_descriptor_set_layout(set_layout, None) };
+            return Err(VkError::Call {
+                call: "vkCreatePipelineLayout",
+                result: e,
+            });
+        }
+    };
+    // SAFETY: neither is in use yet.
+    let undo = || unsafe {
+        dev.destroy_pipeline_layout(layout, None);
+        dev.destroy_descriptor_set_layout(set_layout, None);
+    };
+    let code: &[u32] = key
+        .replaced
+        .as_deref()
+        .unwrap_or_else(|| desc.kernel.spirv());
+    let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
+    // SAFETY: `code` is SPIR-V produced by glslc at build time, unless a developer set
+    // VKDECODE_SPIRV_DIR: a replacement is checked for the SPIR-V header only, and its
+    // validity is theirs to ensure (as glslc's output is ours).
+    let module = match unsafe { dev.create_shader_module(&mod_info, None) } {
+        Ok(m) => m,
+        Err(e) => {
+            undo();
+            return Err(VkError::Call {
+                call: "vkCreateShaderModule",
+                result: e,
+            });
+        }
+    };
+    let entries: Vec<vk::SpecializationMapEntry> = (0..desc.spec.len() as u32)
+        .map(|i| vk::SpecializationMapEntry {
+            constant_id: i,
+            offset: i * 4,
+            size: 4,
+        })
+        .collect();
+    let spec_data: &[u8] = bytemuck::cast_slice(&desc.spec);
+    let spec_info = vk::SpecializationInfo::default()
+        .map_entries(&entries)
+        .data(spec_data);
+    let mut stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(c"main");
+    if !desc.spec.is_empty() {
+        stage = stage.specialization_info(&spec_info);
+    }
+    let mut required = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
+        .required_subgroup_size(key.required_lanes.unwrap_or(0));
+    if key.required_lanes.is_some() {
+        // `one_subgroup_of` checked the size range, compute in
+        // requiredSubgroupSizeStages and computeFullSubgroups; the context enabled both
+        // features.
+        stage = stage
+            .flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS)
+            .push_next(&mut required);
+    }
+    let cinfo = [vk::ComputePipelineCreateInfo::default()
+        .stage(stage)
+        .layout(layout)];
+    // SAFETY: module and layout are live; arrays outlive the call.
+    let created = unsafe { dev.create_compute_pipelines(vk::PipelineCache::null(), &cinfo, None) };
+    // SAFETY: a pipeline keeps what it needs of its module; nothing else uses it.
+    unsafe { dev.destroy_shader_module(module, None) };
+    match created {
+        Ok(p) => Ok(PipelineObjects {
+            set_layout,
+            layout,
+            pipeline: p[0],
+        }),
+        Err((p, e)) => {
+            for x in p {
+                if x != vk::Pipeline::null() {
+                    // SAFETY: never used.
+                    unsafe { dev.destroy_pipeline(x, None) };
+                }
+            }
+            undo();
+            Err(VkError::Call {
+                call: "vkCreateComputePipelines",
+                result: e,
+            })
+        }
     }
 }
 

@@ -125,6 +125,51 @@ fn the_checksum_kernel_builds_a_pipeline() {
     assert_eq!(ctx.validation_errors(), 0);
 }
 
+/// A context builds each distinct pipeline once and keeps it: the same description again,
+/// or after every pipeline of it was dropped, reuses it (and runs); another push size,
+/// binding count or specialisation is another pipeline.
+#[test]
+fn a_context_builds_each_pipeline_once() {
+    let Some(ctx) = ctx() else { return };
+    assert_eq!(ctx.pipelines_built(), 0);
+    let a = checksum_pipeline(&ctx);
+    let b = checksum_pipeline(&ctx);
+    assert_eq!(ctx.pipelines_built(), 1);
+    drop((a, b));
+    let data = random_bytes(1000, 3);
+    let buf = Buffer::new(
+        &ctx,
+        &BufferDesc::storage("data", 1000, MemLocation::CpuToGpu),
+    )
+    .unwrap();
+    buf.write(0, &data).unwrap();
+    assert_eq!(
+        gpu_checksum(&ctx, &[(buf.binding(), 0, 1000, 0)]),
+        checksum::cpu(&data, 0)
+    );
+    assert_eq!(ctx.pipelines_built(), 1);
+    let other = |n_bindings: u32, push_size: u32, spec: Vec<u32>| {
+        Pipeline::new(
+            &ctx,
+            &PipelineDesc {
+                kernel: vk::CHECKSUM,
+                n_bindings,
+                push_size,
+                spec,
+            },
+        )
+        .expect("pipeline")
+    };
+    other(2, 32, vec![]);
+    assert_eq!(ctx.pipelines_built(), 2);
+    other(3, 16, vec![]);
+    assert_eq!(ctx.pipelines_built(), 3);
+    other(2, 16, vec![7]);
+    other(2, 16, vec![7]);
+    assert_eq!(ctx.pipelines_built(), 4);
+    assert_eq!(ctx.validation_errors(), 0);
+}
+
 #[test]
 fn capabilities_are_read_from_the_driver() {
     let Some(ctx) = ctx() else { return };
