@@ -2,7 +2,10 @@
 //! variant, [`ArgmaxBindings`].
 
 use bytemuck::{Pod, Zeroable};
-use vk::{BufferBinding, Descriptor, DescriptorKind};
+use vk::{BufferBinding, Descriptor, DescriptorKind, PipelineDesc};
+
+use super::Kernel;
+use crate::EngineError;
 
 /// Set in `argmax.comp`'s result word when the logits row held a NaN or an infinity
 /// (the low 31 bits are the index).
@@ -20,6 +23,16 @@ const _: () = assert!(std::mem::size_of::<ArgmaxPush>() == 4);
 pub const ARGMAX_BINDINGS: u32 = 2;
 /// Workgroup size of `argmax.comp`.
 pub const ARGMAX_WG: u32 = 64;
+
+/// The pipeline of `argmax.comp`: specialisation constant 0 is the workgroup size.
+pub(super) fn argmax_desc() -> Result<PipelineDesc, EngineError> {
+    Ok(PipelineDesc {
+        kernel: Kernel::Argmax.built()?,
+        n_bindings: ARGMAX_BINDINGS,
+        push_size: std::mem::size_of::<ArgmaxPush>() as u32,
+        spec: vec![ARGMAX_WG],
+    })
+}
 
 /// What the argmax kernel binds, by name (GLSL: `shaders/argmax.comp`).
 #[derive(Clone)]

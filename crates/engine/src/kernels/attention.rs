@@ -3,7 +3,10 @@
 //! [`AttentionBindings`].
 
 use bytemuck::{Pod, Zeroable};
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, PipelineDesc};
+
+use super::Kernel;
+use crate::EngineError;
 
 /// Push constants of `attention.comp` (GLSL twin: its `push_constant` block).
 #[repr(C)]
@@ -29,6 +32,23 @@ pub const ATTENTION_BINDINGS: u32 = 5;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 256;
 /// Workgroup size of `attention.comp`.
 pub const ATTENTION_WG: u32 = 8;
+
+/// The pipeline of `attention.comp` for heads of `head_dim` (a multiple of 4, at most
+/// [`ATTENTION_MAX_HEAD_DIM`]): specialisation constants 0, the workgroup size, and 1,
+/// the quads per head.
+pub(super) fn attention_desc(head_dim: u32) -> Result<PipelineDesc, EngineError> {
+    if head_dim == 0 || !head_dim.is_multiple_of(4) || head_dim > ATTENTION_MAX_HEAD_DIM {
+        return Err(EngineError::Unsupported(format!(
+            "head dimension {head_dim}: the attention kernel needs a multiple of 4 up to {ATTENTION_MAX_HEAD_DIM}"
+        )));
+    }
+    Ok(PipelineDesc {
+        kernel: Kernel::Attention.built()?,
+        n_bindings: ATTENTION_BINDINGS,
+        push_size: std::mem::size_of::<AttentionPush>() as u32,
+        spec: vec![ATTENTION_WG, head_dim / 4],
+    })
+}
 
 /// What the attention kernel binds, by name (GLSL: `shaders/attention.comp`).
 #[derive(Clone)]

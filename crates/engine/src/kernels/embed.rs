@@ -4,7 +4,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Shader};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, PipelineDesc, Shader};
 
 use super::Kernel;
 use crate::EngineError;
@@ -41,6 +41,17 @@ pub(super) fn embed_kernel(ty: GgmlType) -> Result<&'static Shader, EngineError>
 pub const EMBED_BINDINGS: u32 = 7;
 /// Workgroup size of `embed.comp`.
 pub const EMBED_WG: u32 = 8;
+
+/// The pipeline of the embedding gather for a table of type `ty`: specialisation
+/// constant 0 is the workgroup size.
+pub(super) fn embed_desc(ty: GgmlType) -> Result<PipelineDesc, EngineError> {
+    Ok(PipelineDesc {
+        kernel: embed_kernel(ty)?,
+        n_bindings: EMBED_BINDINGS,
+        push_size: std::mem::size_of::<EmbedPush>() as u32,
+        spec: vec![EMBED_WG],
+    })
+}
 
 /// What the embedding gather binds, by name (GLSL: `shaders/embed.comp`).
 #[derive(Clone)]

@@ -4,7 +4,10 @@
 //! contract: [`HeadsPush`], one variant, [`HeadsBindings`].
 
 use bytemuck::{Pod, Zeroable};
-use vk::{BufferBinding, Descriptor, DescriptorKind};
+use vk::{BufferBinding, Descriptor, DescriptorKind, PipelineDesc};
+
+use super::Kernel;
+use crate::EngineError;
 
 /// `HeadsPush::flags`: add the q/k/v biases.
 pub const HEADS_BIAS: u32 = 1;
@@ -47,6 +50,16 @@ pub const HEADS_BINDINGS: u32 = 11;
 /// Workgroups of a `heads.comp` dispatch over `n_tok` tokens: one per (head, token).
 pub fn heads_groups(push: &HeadsPush, n_tok: u32) -> [u32; 3] {
     [push.n_heads + 2 * push.n_kv_heads, n_tok, 1]
+}
+
+/// The pipeline of `heads.comp` (no specialisation constant).
+pub(super) fn heads_desc() -> Result<PipelineDesc, EngineError> {
+    Ok(PipelineDesc {
+        kernel: Kernel::Heads.built()?,
+        n_bindings: HEADS_BINDINGS,
+        push_size: std::mem::size_of::<HeadsPush>() as u32,
+        spec: vec![],
+    })
 }
 
 /// What the heads kernel binds, by name (GLSL: `shaders/heads.comp`). Unused biases and

@@ -6,7 +6,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
-use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, Shader};
+use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, PipelineDesc, Shader};
 
 use super::{supported_weight_type, Kernel};
 use crate::EngineError;
@@ -172,6 +172,18 @@ impl MatmulKey {
     /// Output rows one workgroup covers.
     pub fn tile_rows(&self) -> u32 {
         rows_per_workgroup(self.wg, self.pairs, self.out_mode.is_gated())
+    }
+
+    /// The pipeline of this key: specialisation constants 0, the workgroup size, 1, the
+    /// row pairs per lane, and 2, whether every part is texel-aligned (a column-split key
+    /// also needs each workgroup to be one subgroup: [`MatmulKey::split_k`]).
+    pub(super) fn desc(&self) -> Result<PipelineDesc, EngineError> {
+        Ok(PipelineDesc {
+            kernel: self.kernel()?,
+            n_bindings: MATMUL_BINDINGS,
+            push_size: std::mem::size_of::<MatmulPush>() as u32,
+            spec: vec![self.wg, self.pairs, u32::from(self.texel_aligned)],
+        })
     }
 
     /// The registry's kernel this key runs: the GEMM for a GEMM tile, the column split

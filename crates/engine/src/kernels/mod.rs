@@ -1,6 +1,7 @@
 //! The host side of the decode kernels in `shaders/`: push-constant blocks (each the
-//! `#[repr(C)]` twin of a GLSL block, size-asserted), specialisation choices, and the
-//! pipelines the forward pass uses, created and owned in one place.
+//! `#[repr(C)]` twin of a GLSL block, size-asserted), bindings, specialisation constants
+//! and pipeline description, each in its kernel's file; here, [`Kernels`]: the pipelines
+//! the forward pass uses, created on first request and owned in one place.
 //!
 //! Kernels (one `.comp` each; CPU twins in `reference::kernels`):
 //! - `embed.comp`: embedding row gather, dequantised in registers;
@@ -189,15 +190,7 @@ impl Kernels {
             subgroup = ctx.caps().subgroup_size,
             "kernel profile"
         );
-        let argmax = Pipeline::new(
-            ctx,
-            &PipelineDesc {
-                kernel: Kernel::Argmax.built()?,
-                n_bindings: ARGMAX_BINDINGS,
-                push_size: std::mem::size_of::<ArgmaxPush>() as u32,
-                spec: vec![ARGMAX_WG],
-            },
-        )?;
+        let argmax = Pipeline::new(ctx, &argmax_desc()?)?;
         Ok(Kernels {
             ctx: Arc::clone(ctx),
             matmul: HashMap::new(),
@@ -312,21 +305,8 @@ impl Kernels {
     /// The attention pipeline for heads of `head_dim` (a multiple of 4, at most
     /// [`ATTENTION_MAX_HEAD_DIM`]), created on first request.
     pub fn attention(&mut self, head_dim: u32) -> Result<&Pipeline, EngineError> {
-        if head_dim == 0 || !head_dim.is_multiple_of(4) || head_dim > ATTENTION_MAX_HEAD_DIM {
-            return Err(EngineError::Unsupported(format!(
-                "head dimension {head_dim}: the attention kernel needs a multiple of 4 up to {ATTENTION_MAX_HEAD_DIM}"
-            )));
-        }
         if !self.attention.contains_key(&head_dim) {
-            let p = Pipeline::new(
-                &self.ctx,
-                &PipelineDesc {
-                    kernel: Kernel::Attention.built()?,
-                    n_bindings: ATTENTION_BINDINGS,
-                    push_size: std::mem::size_of::<AttentionPush>() as u32,
-                    spec: vec![ATTENTION_WG, head_dim / 4],
-                },
-            )?;
+            let p = Pipeline::new(&self.ctx, &attention_desc(head_dim)?)?;
             self.attention.insert(head_dim, p);
         }
         Ok(&self.attention[&head_dim])
@@ -348,12 +328,7 @@ impl Kernels {
             )));
         }
         if !self.matmul.contains_key(&key) {
-            let desc = PipelineDesc {
-                kernel: key.kernel()?,
-                n_bindings: MATMUL_BINDINGS,
-                push_size: std::mem::size_of::<MatmulPush>() as u32,
-                spec: vec![key.wg, key.pairs, u32::from(key.texel_aligned)],
-            };
+            let desc = key.desc()?;
             let p = if key.split_k > 0 {
                 // one subgroup per workgroup: required of the device where it must be asked
                 Pipeline::with_subgroup_size(&self.ctx, &desc, key.wg)?
@@ -373,15 +348,7 @@ impl Kernels {
     /// The embedding pipeline for a table of type `ty`, created on first request.
     pub fn embed(&mut self, ty: GgmlType) -> Result<&Pipeline, EngineError> {
         if !self.embed.contains_key(&ty) {
-            let p = Pipeline::new(
-                &self.ctx,
-                &PipelineDesc {
-                    kernel: embed_kernel(ty)?,
-                    n_bindings: EMBED_BINDINGS,
-                    push_size: std::mem::size_of::<EmbedPush>() as u32,
-                    spec: vec![EMBED_WG],
-                },
-            )?;
+            let p = Pipeline::new(&self.ctx, &embed_desc(ty)?)?;
             self.embed.insert(ty, p);
         }
         Ok(&self.embed[&ty])
@@ -402,13 +369,7 @@ impl Kernels {
 
     /// The `heads.comp` pipeline, created on first request.
     pub fn heads(&mut self) -> Result<&Pipeline, EngineError> {
-        let desc = PipelineDesc {
-            kernel: Kernel::Heads.built()?,
-            n_bindings: HEADS_BINDINGS,
-            push_size: std::mem::size_of::<HeadsPush>() as u32,
-            spec: vec![],
-        };
-        once(&self.ctx, &mut self.heads, &desc)
+        once(&self.ctx, &mut self.heads, &heads_desc()?)
     }
 
     pub fn heads_ref(&self) -> Option<&Pipeline> {
@@ -417,13 +378,7 @@ impl Kernels {
 
     /// The `post_norm.comp` pipeline, created on first request.
     pub fn post_norm(&mut self) -> Result<&Pipeline, EngineError> {
-        let desc = PipelineDesc {
-            kernel: Kernel::PostNorm.built()?,
-            n_bindings: POST_NORM_BINDINGS,
-            push_size: std::mem::size_of::<PostNormPush>() as u32,
-            spec: vec![POST_NORM_WG],
-        };
-        once(&self.ctx, &mut self.post_norm, &desc)
+        once(&self.ctx, &mut self.post_norm, &post_norm_desc()?)
     }
 
     pub fn post_norm_ref(&self) -> Option<&Pipeline> {
@@ -432,13 +387,7 @@ impl Kernels {
 
     /// The `softcap.comp` pipeline, created on first request.
     pub fn softcap(&mut self) -> Result<&Pipeline, EngineError> {
-        let desc = PipelineDesc {
-            kernel: Kernel::Softcap.built()?,
-            n_bindings: SOFTCAP_BINDINGS,
-            push_size: std::mem::size_of::<SoftcapPush>() as u32,
-            spec: vec![],
-        };
-        once(&self.ctx, &mut self.softcap, &desc)
+        once(&self.ctx, &mut self.softcap, &softcap_desc()?)
     }
 
     pub fn softcap_ref(&self) -> Option<&Pipeline> {

@@ -4,7 +4,10 @@
 //! constant), [`PostNormBindings`].
 
 use bytemuck::{Pod, Zeroable};
-use vk::{BufferBinding, Descriptor, DescriptorKind};
+use vk::{BufferBinding, Descriptor, DescriptorKind, PipelineDesc};
+
+use super::Kernel;
+use crate::EngineError;
 
 /// Push constants of `post_norm.comp` (GLSL twin: its `push_constant` block).
 #[repr(C)]
@@ -22,6 +25,16 @@ const _: () = assert!(std::mem::size_of::<PostNormPush>() == 16);
 pub const POST_NORM_BINDINGS: u32 = 5;
 /// Workgroup size of `post_norm.comp` (a power of two: its reduction halves it).
 pub const POST_NORM_WG: u32 = 64;
+
+/// The pipeline of `post_norm.comp`: specialisation constant 0 is the workgroup size.
+pub(super) fn post_norm_desc() -> Result<PipelineDesc, EngineError> {
+    Ok(PipelineDesc {
+        kernel: Kernel::PostNorm.built()?,
+        n_bindings: POST_NORM_BINDINGS,
+        push_size: std::mem::size_of::<PostNormPush>() as u32,
+        spec: vec![POST_NORM_WG],
+    })
+}
 
 /// What the post-norm add binds, by name (GLSL: `shaders/post_norm.comp`).
 #[derive(Clone)]

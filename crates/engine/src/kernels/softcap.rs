@@ -2,7 +2,10 @@
 //! [`SoftcapPush`], one variant, [`SoftcapBindings`].
 
 use bytemuck::{Pod, Zeroable};
-use vk::{BufferBinding, Descriptor, DescriptorKind};
+use vk::{BufferBinding, Descriptor, DescriptorKind, PipelineDesc};
+
+use super::Kernel;
+use crate::EngineError;
 
 /// Push constants of `softcap.comp` (GLSL twin: its `push_constant` block).
 #[repr(C)]
@@ -17,6 +20,16 @@ const _: () = assert!(std::mem::size_of::<SoftcapPush>() == 8);
 pub const SOFTCAP_BINDINGS: u32 = 1;
 /// Workgroup size of `softcap.comp` (its `local_size_x`).
 pub const SOFTCAP_WG: u32 = 64;
+
+/// The pipeline of `softcap.comp` (no specialisation constant).
+pub(super) fn softcap_desc() -> Result<PipelineDesc, EngineError> {
+    Ok(PipelineDesc {
+        kernel: Kernel::Softcap.built()?,
+        n_bindings: SOFTCAP_BINDINGS,
+        push_size: std::mem::size_of::<SoftcapPush>() as u32,
+        spec: vec![],
+    })
+}
 
 /// What the softcap kernel binds (GLSL: `shaders/softcap.comp`).
 #[derive(Clone)]
