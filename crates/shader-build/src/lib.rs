@@ -56,18 +56,30 @@ pub fn sources(dir: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
         v
     };
     let include = dir.join("include");
-    println!("cargo:rerun-if-changed={}", dir.display());
-    println!("cargo:rerun-if-changed={}", include.display());
     let comps = list(dir, Some("comp"));
     let includes = if include.is_dir() {
         list(&include, None)
     } else {
         Vec::new()
     };
-    for p in comps.iter().chain(&includes) {
+    for p in watched(dir, &comps, &includes) {
         println!("cargo:rerun-if-changed={}", p.display());
     }
     (comps, includes)
+}
+
+/// What cargo watches for [`sources`]: `dir`, its `include` directory where there is one,
+/// and every file. Only paths that exist: cargo takes a missing one as changed on every
+/// build, which reran the build script and rebuilt every crate above it (and relinked
+/// every test binary) on each cargo command.
+fn watched(dir: &Path, comps: &[PathBuf], includes: &[PathBuf]) -> Vec<PathBuf> {
+    let include = dir.join("include");
+    let mut v = vec![dir.to_path_buf()];
+    if include.is_dir() {
+        v.push(include);
+    }
+    v.extend(comps.iter().chain(includes).cloned());
+    v
 }
 
 /// Compiles `modules` (their `.comp` files may include from `include`), packs them, and
@@ -395,6 +407,25 @@ fn pack(bytes: &[u8], zst: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every path cargo is told to watch exists (a missing one would rerun the build
+    /// script on every build), with and without an include directory.
+    #[test]
+    fn only_existing_paths_are_watched() {
+        let root = std::env::temp_dir().join(format!("shader-build-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("a.comp"), "#version 450\nvoid main() {}\n").unwrap();
+        let comps = vec![root.join("a.comp")];
+        let w = watched(&root, &comps, &[]);
+        assert_eq!(w, vec![root.clone(), root.join("a.comp")]);
+        std::fs::create_dir_all(root.join("include")).unwrap();
+        std::fs::write(root.join("include/b.glsl"), "").unwrap();
+        let w = watched(&root, &comps, &[root.join("include/b.glsl")]);
+        assert!(w.contains(&root.join("include")), "{w:?}");
+        assert!(w.iter().all(|p| p.exists()), "{w:?}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn groups_are_the_stem_and_first_variant_part() {
