@@ -77,7 +77,7 @@ impl PipelineCache {
 
     /// How many distinct pipelines exist.
     pub fn len(&self) -> usize {
-        self.built.lock().map_or(0, |b| b.len())
+        self.built.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Destroys every pipeline.

@@ -94,6 +94,17 @@ fn gpu_checksum(ctx: &Arc<Context>, parts: &[(vk::BufferBinding, u32, u32, u32)]
     sums
 }
 
+/// A host-visible storage buffer of exactly `data`'s bytes, holding them.
+fn host_buffer(ctx: &Arc<Context>, name: &str, data: &[u8]) -> Buffer {
+    let b = Buffer::new(
+        ctx,
+        &BufferDesc::storage(name, data.len() as u64, MemLocation::CpuToGpu),
+    )
+    .unwrap();
+    b.write(0, data).unwrap();
+    b
+}
+
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n).map(|_| rng.gen()).collect()
@@ -137,12 +148,7 @@ fn a_context_builds_each_pipeline_once() {
     assert_eq!(ctx.pipelines_built(), 1);
     drop((a, b));
     let data = random_bytes(1000, 3);
-    let buf = Buffer::new(
-        &ctx,
-        &BufferDesc::storage("data", 1000, MemLocation::CpuToGpu),
-    )
-    .unwrap();
-    buf.write(0, &data).unwrap();
+    let buf = host_buffer(&ctx, "data", &data);
     assert_eq!(
         gpu_checksum(&ctx, &[(buf.binding(), 0, 1000, 0)]),
         checksum::cpu(&data, 0)
@@ -284,12 +290,7 @@ fn checksum_kernel_matches_cpu_on_odd_lengths_and_parts() {
 fn staging_copy_and_fill_reach_device_buffers() {
     let Some(ctx) = ctx() else { return };
     let data = random_bytes(3 << 20, 11);
-    let staging = Buffer::new(
-        &ctx,
-        &BufferDesc::storage("staging", data.len() as u64, MemLocation::CpuToGpu),
-    )
-    .unwrap();
-    staging.write(0, &data).unwrap();
+    let staging = host_buffer(&ctx, "staging", &data);
     let dev = Buffer::new(
         &ctx,
         &BufferDesc::storage("dev", data.len() as u64 + 256, MemLocation::GpuOnly),
@@ -387,12 +388,7 @@ fn timestamps_and_host_waits() {
     let Some(ctx) = ctx() else { return };
     let p = checksum_pipeline(&ctx);
     let data = random_bytes(1 << 20, 5);
-    let buf = Buffer::new(
-        &ctx,
-        &BufferDesc::storage("d", data.len() as u64, MemLocation::CpuToGpu),
-    )
-    .unwrap();
-    buf.write(0, &data).unwrap();
+    let buf = host_buffer(&ctx, "d", &data);
     let out = Buffer::new(&ctx, &BufferDesc::storage("o", 8, MemLocation::GpuToCpu)).unwrap();
     out.write(0, &[0u32, 0]).unwrap();
     let set = p.descriptor_set(&[buf.binding(), out.binding()]).unwrap();
@@ -484,12 +480,7 @@ fn sets_and_recordings_keep_what_they_bind_alive() {
     let Some(ctx) = ctx() else { return };
     let p = checksum_pipeline(&ctx);
     let data = random_bytes(4096, 9);
-    let buf = Buffer::new(
-        &ctx,
-        &BufferDesc::storage("data", 4096, MemLocation::CpuToGpu),
-    )
-    .unwrap();
-    buf.write(0, &data).unwrap();
+    let buf = host_buffer(&ctx, "data", &data);
     let out = Buffer::new(&ctx, &BufferDesc::storage("sums", 8, MemLocation::GpuToCpu)).unwrap();
     let set = p.descriptor_set(&[buf.binding(), out.binding()]).unwrap();
     drop(buf);
