@@ -12,6 +12,7 @@
 //! never held whole.
 
 use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -324,32 +325,27 @@ impl Chat {
         interrupts.cancel.store(false, Ordering::SeqCst);
         interrupts.answering.store(true, Ordering::SeqCst);
         let mut out = std::io::stdout().lock();
-        let mut done: Option<engine::Completion> = None;
         let mut write_err = None;
-        while slots.is_busy(0) {
-            if interrupts.cancel.swap(false, Ordering::SeqCst) {
-                slots.cancel(0);
-            }
-            slots.step(&mut |e| match e {
-                engine::SlotEvent::Text { text, .. } => {
+        let done = slots.finish(
+            0,
+            &mut || Ok(interrupts.cancel.swap(false, Ordering::SeqCst)),
+            &mut |e| {
+                if let engine::SlotEvent::Text { text, .. } = e {
                     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
                         write_err.get_or_insert(e);
+                        return ControlFlow::Break(());
                     }
                 }
-                engine::SlotEvent::Done { completion, .. } => done = Some(completion.clone()),
-                engine::SlotEvent::Token { .. } | engine::SlotEvent::PromptLogprob { .. } => {}
-            })?;
-            if write_err.is_some() {
-                slots.cancel(0);
-            }
-        }
+                ControlFlow::Continue(())
+            },
+        );
         interrupts.answering.store(false, Ordering::SeqCst);
         writeln!(out)?;
         drop(out);
         if let Some(e) = write_err {
             return Err(anyhow::Error::new(e).context("writing the answer"));
         }
-        let done = done.context("internal: the answer ended without a completion")?;
+        let done = done?;
         if let Some(e) = &done.error {
             errln!("[the answer failed: {e}]");
         }

@@ -260,10 +260,6 @@ pub fn run(args: Args) -> Result<()> {
             .unwrap_or(0)
     });
     let load_opts = engine::generate::LoadOptions {
-        backend: match args.backend {
-            Backend::Vulkan => engine::generate::BackendKind::Vulkan,
-            Backend::Reference => engine::generate::BackendKind::Reference,
-        },
         device: args.device,
         session: engine::SessionOptions {
             weights: engine::ResidencyOptions {
@@ -284,10 +280,19 @@ pub fn run(args: Args) -> Result<()> {
             Some(0) => CtxRequest::Model,
             Some(n) => CtxRequest::Exact(n),
         },
-        check: args.check,
+        budget_cap: None,
     };
-    let loaded = engine::generate::load(&file, &load_opts)?;
-    let info = loaded.info;
+    let (forward, info) = match (args.backend, args.check) {
+        (Backend::Reference, _) => cpu_backend::load_reference(&file, load_opts.ctx)?,
+        (Backend::Vulkan, true) => cpu_backend::load_checked(&file, &load_opts)?,
+        (Backend::Vulkan, false) => {
+            let loaded = engine::generate::load(&file, &load_opts)?;
+            (
+                Box::new(loaded.session) as Box<dyn engine::generate::Forward>,
+                loaded.info,
+            )
+        }
+    };
     if let Some(note) = &info.ctx_note {
         errln!("{note}");
     }
@@ -299,7 +304,7 @@ pub fn run(args: Args) -> Result<()> {
             file_context_length(&file)
         );
     }
-    let mut generator = engine::Generator::new(loaded.forward, tok.clone());
+    let mut generator = engine::Generator::new(forward, tok.clone());
     // Between chunks and tokens: stop with an error if the model file was rewritten in
     // place (a rename leaves the mapped pages intact and is not flagged).
     generator.set_guard(Box::new(move || stamp.check().map_err(Into::into)));

@@ -6,7 +6,8 @@
 //! Per type (one `#[test]` each, from the table in `type_tests!`), on three prompts: the
 //! GPU's logits after the prompt (the batched prefill) are within TOL = 0.002 of the
 //! reference's, and 16 greedy steps give the reference's ids. Both run through the
-//! engine's own load path (`engine::generate::load`, the `Forward` trait), the GPU fed
+//! load paths the CLI uses (`engine::generate::load`, `cpu_backend::load_reference`: the
+//! `Forward` trait), the GPU fed
 //! the reference's token at each step. A divergence is tolerated only at a step whose
 //! reference top-2 gap is below TOL (printed; the comparison stops there), as in
 //! crates/engine/tests/model_smollm.rs, whose measured differences (1.2e-4 over 30 layers)
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use common::{q8, vkdecode, TempDir};
-use engine::generate::{self, BackendKind, CtxRequest, Forward, LoadOptions};
+use engine::generate::{self, CtxRequest, Forward, LoadOptions};
 use gguf::{GgmlType, Gguf, GgufFile, GgufWriter, Value};
 
 const TOL: f32 = 0.002;
@@ -151,16 +152,21 @@ fn write_bf16(src: &Path, out: &Path) {
     std::fs::rename(&tmp, out).unwrap();
 }
 
-fn load(file: &Arc<GgufFile>, backend: BackendKind) -> Box<dyn Forward> {
-    let opts = LoadOptions {
-        backend,
-        ctx: CtxRequest::Exact(64),
-        ..LoadOptions::default()
+/// The Vulkan session (`gpu`), or the CPU reference, with a 64-token context.
+fn load(file: &Arc<GgufFile>, gpu: bool) -> Box<dyn Forward> {
+    let ctx = CtxRequest::Exact(64);
+    let loaded = match gpu {
+        true => generate::load(
+            file,
+            &LoadOptions {
+                ctx,
+                ..LoadOptions::default()
+            },
+        )
+        .map(|l| Box::new(l.session) as Box<dyn Forward>),
+        false => cpu_backend::load_reference(file, ctx).map(|(f, _)| f),
     };
-    match generate::load(file, &opts) {
-        Ok(l) => l.forward,
-        Err(e) => panic!("loading {} on {backend:?}: {e}", file.path().display()),
-    }
+    loaded.unwrap_or_else(|e| panic!("loading {} (gpu: {gpu}): {e}", file.path().display()))
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -189,8 +195,8 @@ fn decodes_like_the_reference(name: &str, make: Make) {
     eprintln!("{name}: tensor types {types:?}");
     let tok = tokenizer::Tokenizer::from_gguf(file.gguf()).unwrap();
     // the GPU first: a type it does not read fails here with the load's own error
-    let mut gpu = load(&file, BackendKind::Vulkan);
-    let mut cpu = load(&file, BackendKind::Reference);
+    let mut gpu = load(&file, true);
+    let mut cpu = load(&file, false);
     for text in PROMPTS {
         let what = format!("{name} {text:?}");
         let prompt = tok.encode(text, false, false).unwrap();

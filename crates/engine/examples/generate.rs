@@ -18,7 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or("The capital of France is".into());
     let file = Arc::new(gguf::GgufFile::open(MODEL)?);
     let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf())?);
-    let mut generator = Generator::new(load(&file, &LoadOptions::default())?.forward, tok);
+    let mut generator =
+        Generator::new(Box::new(load(&file, &LoadOptions::default())?.session), tok);
     let mut opts = GenerateOptions::default();
     (opts.max_tokens, opts.sampler) = (Some(32), SamplerOptions::greedy());
     print!("{prompt}");

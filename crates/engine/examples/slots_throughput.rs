@@ -127,9 +127,9 @@ fn main() {
                 s.set_batch_kernel(kernel);
                 s.set_head_kernel(head);
                 let one = decode_tok_s(&mut s, &prompts[..1], tokens);
-                let prof_one = s.session().profile_last_batch();
+                let prof_one = s.session().and_then(|s| s.profile_last_batch());
                 let all = decode_tok_s(&mut s, &prompts, tokens);
-                let prof_all = s.session().profile_last_batch();
+                let prof_all = s.session().and_then(|s| s.profile_last_batch());
                 if profile && batched {
                     for (k, p) in [(1, prof_one), (n, prof_all)] {
                         print_profile(&format!("{name}, {k} slot(s)"), p.as_deref());

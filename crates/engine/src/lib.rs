@@ -32,12 +32,10 @@ pub mod slots;
 mod step;
 pub mod support;
 mod views;
-pub use generate::{
-    Event, GenStats, GenerateError, GenerateOptions, Generation, Generator, StopReason,
-};
+pub use generate::{Event, GenerateError, StopReason};
 pub use sampling::{grammar_vocab, Constraint, Sampler, SamplerOptions, TokenLogprob};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
 pub use slots::{
-    Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, Slots, SlotsInfo,
-    SlotsOptions, StepReport, Usage,
+    Admission, BatchKernel, Completion, GenStats, GenerateOptions, Generation, Generator, Request,
+    SlotCounters, SlotEvent, Slots, SlotsInfo, SlotsOptions, StepReport, Usage,
 };

@@ -1,11 +1,13 @@
 //! Several conversations over one loaded model: the conversation API that
 //! `vkdecode chat` and `vkdecode serve` drive.
 //!
-//! One [`Slots`] holds ONE [`Session`]: one mapping (or copy) of the weights, one set of
-//! pipelines and descriptor sets, and a KV cache with `ctx` rows per slot in one buffer
-//! per layer (slot `s` owns rows `s·ctx..(s+1)·ctx`; the step buffer gives each token its
-//! position and cache row). Each slot has its own position, its own cached
-//! token list and at most one request at a time.
+//! One [`Slots`] holds ONE forward pass ([`Forward`]), usually a [`Session`]: one mapping
+//! (or copy) of the weights, one set of pipelines and descriptor sets, and a KV cache
+//! with `ctx` rows per slot in one buffer per layer (slot `s` owns rows
+//! `s·ctx..(s+1)·ctx`; the step buffer gives each token its position and cache row).
+//! Each slot has its own position, its own cached token list and at most one request at
+//! a time. This is the one generation driver: the one-shot [`crate::Generator`] is one
+//! slot of it over any backend (the CPU reference and `--check` included).
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -46,7 +48,8 @@
 //! each token's rows are reduced in the same order at any batch size, so a slot's tokens
 //! do not depend on what runs beside it (tested). With [`SlotsOptions::batched`] off, each
 //! decoding slot is its own submit through the one-token pipelines instead, which is
-//! exactly how the one-shot [`crate::Generator`] decodes.
+//! how the one-shot [`crate::Generator`] decodes, and how a backend that cannot batch
+//! (the reference, `--check`) always does.
 //!
 //! **Events.** A step reports, per slot, [`SlotEvent::Token`] (each token kept),
 //! [`SlotEvent::Text`] (text ready to show: stop strings are held back while they may
@@ -54,21 +57,23 @@
 //! usage, whole text). After `Done` the slot is idle and keeps its cache.
 
 mod job;
+mod one_shot;
 mod types;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arch::Config;
 use tokenizer::{ChatTemplate, Message, Tokenizer};
 use tracing::info_span;
 
-use crate::generate::fit;
-use crate::generate::{chat_prompt_ids, Event, GenerateError, StopReason};
+use crate::generate::{
+    chat_prompt_ids, load, Event, Forward, GenerateError, LoadOptions, Loaded, StopReason,
+};
 use crate::sampling::TokenLogprob;
 use crate::session::{Session, SessionOptions};
 use job::Job;
+pub use one_shot::{GenStats, GenerateOptions, Generation, Generator, Guard};
 pub use types::{
     Admission, BatchKernel, Completion, Request, SlotCounters, SlotEvent, SlotsInfo, SlotsOptions,
     StepReport, Usage,
@@ -86,7 +91,7 @@ struct Slot {
 
 /// Several conversations over one loaded model; see the module docs.
 pub struct Slots {
-    session: Session,
+    fwd: Box<dyn Forward>,
     tok: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     slots: Vec<Slot>,
@@ -94,12 +99,15 @@ pub struct Slots {
     counters: SlotCounters,
     batched: bool,
     batch_kernel: BatchKernel,
+    /// A slot's error (non-finite logits, a sampler with nothing to draw) is the step's
+    /// `Err` rather than a finished request: the one-shot generator's way.
+    strict: bool,
 }
 
 impl Slots {
-    /// Loads `file` once with `opts.slots` KV caches of `opts.ctx` positions each: the
-    /// context is resolved per slot against the device budget divided by the slots, and
-    /// refused up front when it does not fit.
+    /// Loads `file` once with `opts.slots` KV caches of `opts.ctx` positions each
+    /// ([`crate::generate::load`]: the context is resolved per slot against the device
+    /// budget divided by the slots, and refused up front when it does not fit).
     pub fn load(file: &Arc<gguf::GgufFile>, opts: &SlotsOptions) -> Result<Slots, GenerateError> {
         let start = Instant::now();
         let n = opts.slots;
@@ -107,29 +115,21 @@ impl Slots {
         if n == 0 {
             return Err(GenerateError::Input("at least 1 slot is needed".into()));
         }
-        let cfg = Config::from_gguf(file.gguf())?;
         let tok = Arc::new(Tokenizer::from_gguf(file.gguf())?);
         let template = ChatTemplate::from_gguf(file.gguf())?;
-        let ctx = vk::Context::new(&vk::ContextOptions {
-            device_index: opts.device,
-            ..Default::default()
-        })
-        .map_err(crate::EngineError::from)?;
-        let whole = fit::vulkan_budget(ctx.caps(), file.bytes().len() as u64);
-        // every slot's rows of a layer share one buffer: each gets 1/n of it and 1/n of
-        // the memory budget
-        let budget = fit::Budget {
-            bytes: whole.bytes / n as u64,
-            max_buffer: whole.max_buffer / n as u64,
-            what: format!("{} shared by {n} slot(s)", whole.what),
+        let load_opts = LoadOptions {
+            device: opts.device,
+            session: SessionOptions {
+                slots: n,
+                ..opts.session.clone()
+            },
+            ctx: opts.ctx,
+            budget_cap: None,
         };
-        let choice = fit::resolve(&cfg, opts.ctx, &budget)?;
-        let session_opts = SessionOptions {
-            ctx_len: choice.ctx_len,
-            slots: n,
-            ..opts.session.clone()
-        };
-        let mut session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
+        let Loaded {
+            mut session,
+            info: loaded,
+        } = load(file, &load_opts)?;
         if opts.batched {
             // warm the batched step's own pipelines (its head: lavapipe compiles a
             // pipeline on its first dispatch), then forget the throw-away token
@@ -138,36 +138,34 @@ impl Slots {
             session.select_slot(0)?;
             session.reset();
         }
-        let per_slot = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
-        let report = session.weights().report();
-        let kv_bytes = per_slot.saturating_mul(n as u64);
         let info = SlotsInfo {
-            slots: n,
-            ctx_per_slot: session.ctx_len(),
-            kv_bytes_per_slot: per_slot,
-            kv_bytes,
-            device: ctx.caps().name.clone(),
-            weights_path: report.path.clone(),
-            kernels: session.profile().profile.as_str().into(),
-            kernels_why: session.profile().why.clone(),
-            device_bytes: report.device_bytes.saturating_add(kv_bytes),
-            ctx_note: choice.note,
+            slots: loaded.slots,
+            ctx_per_slot: loaded.ctx_len,
+            kv_bytes_per_slot: loaded.kv_bytes / loaded.slots.max(1) as u64,
+            kv_bytes: loaded.kv_bytes,
+            device: loaded.device,
+            weights_path: loaded.weights_path,
+            kernels: loaded.kernels,
+            kernels_why: loaded.kernels_why,
+            device_bytes: loaded.device_bytes,
+            ctx_note: loaded.ctx_note,
             load_ms: start.elapsed().as_secs_f64() * 1e3,
         };
-        let mut slots = Slots::from_session(session, tok, template, info);
+        let mut slots = Slots::from_forward(Box::new(session), tok, template, info);
         slots.batched = opts.batched;
         slots.batch_kernel = opts.batch_kernel;
         Ok(slots)
     }
 
-    /// Slots over an existing session (one slot per session slot), batched.
-    pub fn from_session(
-        session: Session,
+    /// Slots over an existing forward pass (one slot per backend slot), batched where
+    /// the backend can batch.
+    pub fn from_forward(
+        fwd: Box<dyn Forward>,
         tok: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
         info: SlotsInfo,
     ) -> Slots {
-        let slots = (0..session.slots())
+        let slots = (0..fwd.slots())
             .map(|_| Slot {
                 cached: Vec::new(),
                 job: None,
@@ -175,7 +173,7 @@ impl Slots {
             })
             .collect();
         Slots {
-            session,
+            fwd,
             tok,
             template,
             slots,
@@ -183,7 +181,15 @@ impl Slots {
             counters: SlotCounters::default(),
             batched: true,
             batch_kernel: BatchKernel::MatrixMatrix,
+            strict: false,
         }
+    }
+
+    /// Makes a slot's error (non-finite logits, a sampler with nothing to draw) the
+    /// step's `Err`, after the slot is cleared, instead of a finished request with the
+    /// error in its [`Completion`].
+    pub(crate) fn set_strict(&mut self, strict: bool) {
+        self.strict = strict;
     }
 
     /// Switches between the batched decode step and one submit per slot (see
@@ -195,8 +201,9 @@ impl Slots {
     /// Switches the batched step's head between the matrix-matrix kernel over every
     /// slot's token (the default) and the one-token kernel once per token; for A/B runs.
     pub fn set_head_kernel(&mut self, kernel: BatchKernel) {
-        self.session
-            .set_batch_head(kernel == BatchKernel::MatrixMatrix);
+        if let Some(s) = self.fwd.batch_session() {
+            s.set_batch_head(kernel == BatchKernel::MatrixMatrix);
+        }
     }
 
     /// Switches the batched step's matmul kernel (see [`BatchKernel`]); for A/B runs.
@@ -216,7 +223,7 @@ impl Slots {
 
     /// Positions each slot holds.
     pub fn ctx_per_slot(&self) -> usize {
-        self.session.ctx_len()
+        self.fwd.ctx_len()
     }
 
     /// The model's tokenizer.
@@ -229,9 +236,15 @@ impl Slots {
         self.template.as_ref()
     }
 
-    /// The session underneath (weights report, device counters).
-    pub fn session(&self) -> &Session {
-        &self.session
+    /// The Vulkan session underneath, if the backend has one (weights report, device
+    /// counters, profiles).
+    pub fn session(&self) -> Option<&Session> {
+        self.fwd.session()
+    }
+
+    /// The forward pass underneath.
+    pub fn forward(&self) -> &dyn Forward {
+        &*self.fwd
     }
 
     /// Text to ids: BOS as the model's metadata says when `add_special`; special-token
@@ -309,15 +322,16 @@ impl Slots {
         if s.job.is_some() {
             return Err(GenerateError::Input(format!("slot {slot} is busy")));
         }
-        let ctx_len = self.session.ctx_len();
+        let ctx_len = self.fwd.ctx_len();
         if req.prompt.is_empty() {
             return Err(GenerateError::Input(
                 "the prompt tokenized to nothing".into(),
             ));
         }
         if req.prompt.len() >= ctx_len {
+            let whose = if n == 1 { "the" } else { "a slot's" };
             return Err(GenerateError::Input(format!(
-                "the prompt is {} tokens but a slot's context holds {ctx_len}",
+                "the prompt is {} tokens but {whose} context holds {ctx_len}: raise -c or shorten the prompt",
                 req.prompt.len()
             )));
         }
@@ -335,8 +349,8 @@ impl Slots {
             Some(_) => 0,
             None => self.reusable(slot, &req.prompt),
         };
-        self.session.select_slot(slot)?;
-        self.session.truncate(reused)?;
+        self.fwd.select_slot(slot)?;
+        self.fwd.truncate(reused)?;
         let share = match req.prompt_logprobs {
             Some(_) => None,
             None => self.share_source(slot, &req.prompt, reused),
@@ -348,7 +362,7 @@ impl Slots {
         s.last_used = self.counters.requests;
         self.counters.prompt_tokens += req.prompt.len() as u64;
         self.counters.reused_tokens += reused as u64;
-        let mut job = Job::new(req, reused, &self.tok);
+        let mut job = Job::new(req, reused, &self.tok, self.fwd.wants_logits());
         job.share = share;
         s.job = Some(job);
         Ok(Admission {
@@ -403,7 +417,7 @@ impl Slots {
         let own = slot.cached.len();
         let job = slot.job.as_mut().expect("busy");
         if have > own {
-            self.session.copy_prefix(from, i, have)?;
+            self.fwd.copy_prefix(from, i, have)?;
             slot.cached = job.prompt()[..have].to_vec();
             self.counters.reused_tokens += (have - own) as u64;
             self.counters.shared_tokens += (have - own) as u64;
@@ -427,21 +441,34 @@ impl Slots {
         if self.is_busy(slot) {
             return Err(GenerateError::Input(format!("slot {slot} is busy")));
         }
-        self.session.select_slot(slot)?;
-        self.session.reset();
+        self.fwd.select_slot(slot)?;
+        self.fwd.reset();
         self.slots[slot].cached.clear();
         Ok(())
     }
 
     /// Gives every busy slot one unit of work and reports what happened through
     /// `on_event`: slots still prefilling get their next prompt chunk (one submit each);
-    /// then every decoding slot is fed its chosen token: batched (the default), all of
-    /// them in ONE submit ([`Session::decode_batch`]), else one submit per slot. A failure
-    /// inside one slot (non-finite logits, a sampler with nothing to draw) finishes that
-    /// slot with the error in its [`Completion`]; only a device failure is an `Err`.
+    /// then every decoding slot is fed its chosen token: batched (the default, where the
+    /// backend can), all of them in ONE submit ([`Session::decode_batch`]), else one
+    /// submit per slot. A failure inside one slot (non-finite logits, a sampler with
+    /// nothing to draw) finishes that slot with the error in its [`Completion`]; only a
+    /// device failure is an `Err`.
     pub fn step(
         &mut self,
         on_event: &mut dyn FnMut(SlotEvent<'_>),
+    ) -> Result<StepReport, GenerateError> {
+        self.step_until(&mut |e| {
+            on_event(e);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// [`Slots::step`] where `on_event` may break: the slot whose event it was stops
+    /// ([`StopReason::Cancelled`]) before its next token is kept.
+    fn step_until(
+        &mut self,
+        on_event: &mut dyn FnMut(SlotEvent<'_>) -> ControlFlow<()>,
     ) -> Result<StepReport, GenerateError> {
         let _span = info_span!("slots_step", busy = self.busy()).entered();
         self.counters.steps += 1;
@@ -461,20 +488,23 @@ impl Slots {
             } else if job.decoding() {
                 decoding.push(i);
             } else if self.take_shared(i)? {
-                self.session.select_slot(i)?;
+                self.fwd.select_slot(i)?;
                 let slot = &mut self.slots[i];
                 let job = slot.job.as_mut().expect("busy");
-                let chunk = job.prefill_chunk(&mut self.session, &mut slot.cached, &mut report);
+                let chunk = job.prefill_chunk(&mut *self.fwd, &mut slot.cached, &mut report);
                 for lp in job.take_scored() {
-                    on_event(SlotEvent::PromptLogprob {
+                    let e = SlotEvent::PromptLogprob {
                         slot: i,
                         logprob: &lp,
-                    });
+                    };
+                    if on_event(e).is_break() {
+                        job.cancel = true;
+                    }
                 }
                 let outcome = match chunk {
                     Ok(Some(next)) => {
                         let lp = job.take_logprob();
-                        Ok(job.keep(&self.session, &self.tok, next, &mut |e| {
+                        Ok(job.keep(&mut *self.fwd, &self.tok, next, &mut |e| {
                             forward_event(i, e, lp.as_ref(), on_event)
                         }))
                     }
@@ -487,23 +517,28 @@ impl Slots {
         if decoding.is_empty() {
             return Ok(report);
         }
-        if !self.batched {
+        let mm = self.batch_kernel == BatchKernel::MatrixMatrix;
+        let batch = match self.batched {
+            true => self.fwd.batch_session(),
+            false => None,
+        };
+        let Some(session) = batch else {
             for i in decoding {
-                self.session.select_slot(i)?;
+                self.fwd.select_slot(i)?;
                 let slot = &mut self.slots[i];
                 let job = slot.job.as_mut().expect("busy");
                 let outcome = job
-                    .decode_one(&mut self.session, &mut slot.cached, &mut report)
+                    .decode_one(&mut *self.fwd, &mut slot.cached, &mut report)
                     .map(|next| {
                         let lp = job.take_logprob();
-                        job.keep(&self.session, &self.tok, next, &mut |e| {
+                        job.keep(&mut *self.fwd, &self.tok, next, &mut |e| {
                             forward_event(i, e, lp.as_ref(), on_event)
                         })
                     });
                 self.settle(i, outcome, &mut report, on_event)?;
             }
             return Ok(report);
-        }
+        };
         let mut items = Vec::with_capacity(decoding.len());
         let mut keep_logits = false;
         for &i in &decoding {
@@ -512,28 +547,31 @@ impl Slots {
             items.push((i, token));
             keep_logits |= !job.greedy() || job.has_bans();
         }
-        let mm = self.batch_kernel == BatchKernel::MatrixMatrix;
-        self.session.decode_batch(&items, keep_logits, mm)?;
+        session.decode_batch(&items, keep_logits, mm)?;
+        let mut chosen = Vec::with_capacity(decoding.len());
         for (k, &i) in decoding.iter().enumerate() {
             let slot = &mut self.slots[i];
             let job = slot.job.as_mut().expect("busy");
-            let chosen = job.fed_token(&mut slot.cached, &mut report).and_then(|_| {
+            chosen.push(job.fed_token(&mut slot.cached, &mut report).and_then(|_| {
                 let pos = slot.cached.len() - 1;
                 let argmax = match job.greedy() {
-                    true => Some(self.session.batch_argmax(k, i)?),
+                    true => Some(session.batch_argmax(k, i)?),
                     false => None,
                 };
                 if let Some(t) = argmax.filter(|&t| !job.bans(t)) {
                     Ok(t)
                 } else {
-                    let logits = self.session.batch_logits(k)?;
+                    let logits = session.batch_logits(k)?;
                     job.sample(logits, pos)
                 }
-            });
-            self.session.select_slot(i)?;
+            }));
+        }
+        for (i, chosen) in decoding.into_iter().zip(chosen) {
+            self.fwd.select_slot(i)?;
+            let job = self.slots[i].job.as_mut().expect("busy");
             let outcome = chosen.map(|next| {
                 let lp = job.take_logprob();
-                job.keep(&self.session, &self.tok, next, &mut |e| {
+                job.keep(&mut *self.fwd, &self.tok, next, &mut |e| {
                     forward_event(i, e, lp.as_ref(), on_event)
                 })
             });
@@ -543,13 +581,14 @@ impl Slots {
     }
 
     /// After slot `i`'s unit of work: keep its job running, or finish it (a `Done`
-    /// event). A device failure is returned; any other error finishes the slot.
+    /// event). A device failure is returned, and in strict mode any error (the slot is
+    /// cleared first); otherwise an error finishes the slot.
     fn settle(
         &mut self,
         i: usize,
         outcome: Result<ControlFlow<StopReason>, GenerateError>,
         report: &mut StepReport,
-        on_event: &mut dyn FnMut(SlotEvent<'_>),
+        on_event: &mut dyn FnMut(SlotEvent<'_>) -> ControlFlow<()>,
     ) -> Result<(), GenerateError> {
         let (stop, error) = match outcome {
             Ok(ControlFlow::Continue(())) => return Ok(()),
@@ -559,9 +598,13 @@ impl Slots {
             }
             Err(e) => {
                 // what the cache holds after a failed step is unknown: start over
-                self.session.select_slot(i)?;
-                self.session.reset();
+                self.fwd.select_slot(i)?;
+                self.fwd.reset();
                 self.slots[i].cached.clear();
+                if self.strict {
+                    self.slots[i].job = None;
+                    return Err(e);
+                }
                 (StopReason::Cancelled, Some(e.to_string()))
             }
         };
@@ -570,28 +613,66 @@ impl Slots {
         self.counters.prefilled_tokens += completion.usage.prefilled_tokens as u64;
         self.counters.generated_tokens += completion.usage.generated_tokens as u64;
         report.finished += 1;
-        on_event(SlotEvent::Done {
+        // the request is over: a break here has nothing left to stop
+        let _ = on_event(SlotEvent::Done {
             slot: i,
             completion: &completion,
         });
         Ok(())
     }
+
+    /// Steps until slot `slot`'s request (submitted) finishes, and returns its
+    /// completion: a one-shot run and a chat turn. Before each step, `before_step` may
+    /// ask the request to stop (`Ok(true)`: it ends cancelled at that step) or fail it
+    /// (`Err`: the request is dropped unfinished and the slot cleared). `on_event` sees
+    /// every busy slot's events; a break stops the slot whose event it was.
+    pub fn finish(
+        &mut self,
+        slot: usize,
+        before_step: &mut dyn FnMut() -> Result<bool, GenerateError>,
+        on_event: &mut dyn FnMut(SlotEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<Completion, GenerateError> {
+        let mut done = None;
+        while self.is_busy(slot) {
+            match before_step() {
+                Ok(true) => self.cancel(slot),
+                Ok(false) => {}
+                Err(e) => {
+                    self.slots[slot].job = None;
+                    self.clear(slot)?;
+                    return Err(e);
+                }
+            }
+            self.step_until(&mut |e| {
+                if let SlotEvent::Done {
+                    slot: s,
+                    completion,
+                } = e
+                {
+                    if s == slot {
+                        done = Some(completion.clone());
+                    }
+                }
+                on_event(e)
+            })?;
+        }
+        done.ok_or_else(|| GenerateError::Input(format!("slot {slot} has no request")))
+    }
 }
 
-/// A generator event of slot `slot`, passed on as a [`SlotEvent`] (a token with
-/// `logprob`, the chosen token's when asked for).
+/// A job's event of slot `slot`, passed on as a [`SlotEvent`] (a token with `logprob`,
+/// the chosen token's when asked for).
 fn forward_event(
     slot: usize,
     e: Event<'_>,
     logprob: Option<&TokenLogprob>,
-    on_event: &mut dyn FnMut(SlotEvent<'_>),
+    on_event: &mut dyn FnMut(SlotEvent<'_>) -> ControlFlow<()>,
 ) -> ControlFlow<()> {
     match e {
         Event::Token(id) => on_event(SlotEvent::Token { slot, id, logprob }),
         Event::Text(text) => on_event(SlotEvent::Text { slot, text }),
-        Event::Check { .. } => {}
+        Event::Check { step, diff } => on_event(SlotEvent::Check { slot, step, diff }),
     }
-    ControlFlow::Continue(())
 }
 
 /// An engine error that leaves the device unusable (as opposed to one request's bad

@@ -53,7 +53,8 @@ fn run_all(s: &mut Slots) -> (Vec<Option<Completion>>, Vec<String>) {
                 assert!(done[slot].is_none(), "slot {slot} finished twice");
                 done[slot] = Some(completion.clone());
             }
-            SlotEvent::Token { .. } | SlotEvent::PromptLogprob { .. } => {}
+            SlotEvent::Token { .. } | SlotEvent::PromptLogprob { .. } | SlotEvent::Check { .. } => {
+            }
         })
         .unwrap();
         steps += 1;
@@ -89,8 +90,8 @@ fn prompt_b(s: &Slots) -> Vec<u32> {
 }
 
 /// Slots interleaved give each slot's ids alone, batched (one submit per step, either
-/// kernel) or not; one slot through the one-token kernel (unbatched, or batched with
-/// `PerToken`) gives the one-shot generator's ids.
+/// kernel) or not; a slot batched with `PerToken` gives the ids of the one-token decode
+/// pipelines (unbatched: how the one-shot generator, one slot of this driver, decodes).
 fn interleaved_vs_alone(batched: bool, kernel: BatchKernel) {
     let file = open();
     let mut s = slots(&file, 3, batched);
@@ -135,28 +136,19 @@ fn interleaved_vs_alone(batched: bool, kernel: BatchKernel) {
         assert_eq!(text[1], b_alone.text);
         assert_eq!(both[0].finish_reason(), "length");
     }
-    if batched && kernel == BatchKernel::MatrixMatrix {
-        // the matrix-matrix step reduces differently from the one-token decode: it is
-        // checked against the GPU's own one-slot runs above, and against the f32
-        // reference in batched_step_matches_the_reference
+    if !batched || kernel == BatchKernel::MatrixMatrix {
+        // unbatched IS the one-token decode; the matrix-matrix step reduces differently
+        // from it: it is checked against the GPU's own one-slot runs above, and against
+        // the f32 reference in batched_step_matches_the_reference
         return;
     }
 
-    // and the same ids as the one-shot generator on a session of its own
-    let loaded = load(&file, &LoadOptions::default()).unwrap();
-    let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).unwrap());
-    let mut gen = Generator::new(loaded.forward, tok);
-    let opts = GenerateOptions {
-        max_tokens: Some(24),
-        sampler: SamplerOptions::greedy(),
-        ..Default::default()
-    };
-    let one_shot = gen
-        .generate(&a, &opts, &mut |_| ControlFlow::Continue(()))
-        .unwrap();
-    let in_slot = alone(&mut s, 1, request(a, 24, SamplerOptions::greedy()));
-    assert_eq!(in_slot.ids, one_shot.ids);
-    assert_eq!(in_slot.text, one_shot.text);
+    // and the same ids as the one-token decode pipelines, one submit per token
+    let in_batch = alone(&mut s, 1, request(a.clone(), 24, SamplerOptions::greedy()));
+    s.set_batched(false);
+    let one_token = alone(&mut s, 2, request(a, 24, SamplerOptions::greedy()));
+    assert_eq!(in_batch.ids, one_token.ids);
+    assert_eq!(in_batch.text, one_token.text);
 }
 
 #[test]
@@ -165,12 +157,12 @@ fn slots_interleaved_batched_give_the_ids_of_each_alone() {
 }
 
 #[test]
-fn slots_interleaved_batched_per_token_give_the_ids_of_each_alone_and_of_the_generator() {
+fn slots_interleaved_batched_per_token_give_the_ids_of_each_alone_and_of_one_token_decode() {
     interleaved_vs_alone(true, BatchKernel::PerToken);
 }
 
 #[test]
-fn slots_interleaved_unbatched_give_the_ids_of_each_alone_and_of_the_generator() {
+fn slots_interleaved_unbatched_give_the_ids_of_each_alone() {
     interleaved_vs_alone(false, BatchKernel::MatrixMatrix);
 }
 
@@ -451,8 +443,8 @@ fn reference_run(s: &mut engine::Session, model: &reference::Model, mm: bool) {
 }
 
 /// A JSON schema holds the output to it: greedy decoding of a chat prompt, through the
-/// slots (unbatched, so through the same one-token kernels as the generator) and through
-/// the one-shot generator, gives the same ids, and the text is JSON that follows the
+/// slots and through the one-shot generator (one slot of the same driver, fed
+/// `GenerateOptions`), gives the same ids, and the text is JSON that follows the
 /// schema, properties in the schema's order. Unconstrained, the model answers in prose.
 #[test]
 fn a_json_schema_holds_slots_and_generator_to_it() {
@@ -521,7 +513,7 @@ fn a_json_schema_holds_slots_and_generator_to_it() {
     );
 
     let loaded = load(&file, &LoadOptions::default()).unwrap();
-    let mut gen = Generator::new(loaded.forward, tok);
+    let mut gen = Generator::new(Box::new(loaded.session), tok);
     let opts = GenerateOptions {
         max_tokens: Some(60),
         sampler: constrained,
@@ -578,7 +570,7 @@ fn ignore_eos_bans_the_end_tokens_on_every_path() {
     let b = alone(&mut batched, 1, banned);
     assert_eq!(b.ids, a.ids);
     let loaded = load(&file, &LoadOptions::default()).unwrap();
-    let mut gen = Generator::new(loaded.forward, tok);
+    let mut gen = Generator::new(Box::new(loaded.session), tok);
     let opts = GenerateOptions {
         max_tokens: Some(n),
         ignore_eos: true,

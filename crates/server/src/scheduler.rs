@@ -315,6 +315,7 @@ impl<E: SlotEngine> Loop<E> {
                     let _ = r.job.events.send(JobEvent::Text(text.to_string()));
                 }
             }
+            SlotEvent::Check { .. } => {}
             SlotEvent::Done { slot, completion } => {
                 let Some(r) = slots[slot].take() else {
                     return;

@@ -11,9 +11,13 @@ pub enum GenerateError {
     /// The Vulkan engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
-    /// The CPU reference failed (the reference backend, or `--check`).
-    #[error("reference: {0}")]
-    Reference(#[from] reference::RefError),
+    /// A backend built outside the engine failed (the CPU reference, or `--check`).
+    #[error("{what}: {source}")]
+    Backend {
+        /// Which backend (`reference`).
+        what: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The model's metadata does not describe a model we can run.
     #[error("reading the model's hyper-parameters: {0}")]
     Config(#[from] arch::ConfigError),
@@ -51,7 +55,7 @@ pub enum GenerateError {
         /// `<arch>.context_length`.
         trained: usize,
     },
-    /// A check run between tokens (see [`super::Generator::set_guard`]) failed, e.g. the
+    /// A check run between tokens (see [`crate::Generator::set_guard`]) failed, e.g. the
     /// model file changed while mapped.
     #[error(transparent)]
     Guard(Box<dyn std::error::Error + Send + Sync>),

@@ -1,7 +1,8 @@
-//! Building the forward pass a generation runs on: the backend switch, the context
-//! sizing (see [`super::fit`]) and what the start cost. A file with a tensor the GPU
-//! kernels cannot read is refused before anything is allocated
-//! ([`crate::support::check_gpu_readable`]).
+//! Loading a model for generation: the device, the context sizing (see [`super::fit`]),
+//! the [`Session`] and what the start cost. A file with a tensor the GPU kernels cannot
+//! read is refused before anything is allocated ([`crate::support::check_gpu_readable`]).
+//! Other backends (the CPU reference, `--check`) are built outside the engine and
+//! report the same [`BackendInfo`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,42 +10,32 @@ use std::time::Instant;
 use arch::Config;
 
 use crate::generate::fit::{self, CtxRequest};
-use crate::generate::forward::{Checked, Forward, ReferenceForward};
 use crate::generate::GenerateError;
 use crate::session::{Session, SessionOptions};
 
-/// Which implementation computes the forward pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// Vulkan compute (the engine).
-    Vulkan,
-    /// The plain f32 CPU reference (slow; for checking).
-    Reference,
-}
-
-/// How to build the forward pass.
+/// How to load.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    pub backend: BackendKind,
     /// Vulkan device index (`None`: the default device).
     pub device: Option<usize>,
-    /// Session options for the Vulkan backend; its `ctx_len` is replaced by the resolved
-    /// context.
+    /// Session options; its `ctx_len` is replaced by the resolved context. With several
+    /// `slots` the context is resolved per slot, against the device budget divided by
+    /// the slots (every slot's rows of a layer share one buffer).
     pub session: SessionOptions,
-    /// The context asked for.
+    /// The context asked for (per slot).
     pub ctx: CtxRequest,
-    /// Run the reference beside the Vulkan session and compare logits (`--check`).
-    pub check: bool,
+    /// A tighter budget for the KV cache than the device's, when the caller also holds
+    /// something large (`--check` holds the f32 reference in RAM).
+    pub budget_cap: Option<fit::Budget>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
-            backend: BackendKind::Vulkan,
             device: None,
             session: SessionOptions::default(),
             ctx: CtxRequest::Default(2048),
-            check: false,
+            budget_cap: None,
         }
     }
 }
@@ -66,10 +57,12 @@ pub struct BackendInfo {
     pub kernels_why: String,
     /// Bytes of device memory: the weights the device holds plus the KV cache.
     pub device_bytes: u64,
-    /// Bytes of the KV cache (`2 · n_layers · ctx · kv_dim · 4`).
+    /// Bytes of the KV cache, every slot's (`slots · 2 · n_layers · ctx · kv_dim · 4`).
     pub kv_bytes: u64,
-    /// Positions the KV cache holds.
+    /// Positions the KV cache holds (per slot).
     pub ctx_len: usize,
+    /// Sequences the backend holds, each with `ctx_len` positions.
+    pub slots: usize,
     /// A line for the user when the context was chosen or capped for them (`-c 0`).
     pub ctx_note: Option<String>,
     /// The whole start: device, weights, pipelines, buffers.
@@ -78,92 +71,63 @@ pub struct BackendInfo {
     pub weights_load_ms: f64,
 }
 
-/// A forward pass ready to generate, and its report.
+/// A session ready to generate, and its report.
 pub struct Loaded {
-    pub forward: Box<dyn Forward>,
+    pub session: Session,
     pub info: BackendInfo,
 }
 
-/// Builds the forward pass `opts` asks for on `file`. The context is resolved first and
-/// a context that does not fit is refused before anything large is allocated.
+/// Loads `file` on the Vulkan device as `opts` asks. The context is resolved first and a
+/// context that does not fit is refused before anything large is allocated.
 pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, GenerateError> {
     let start = Instant::now();
     let cfg = Config::from_gguf(file.gguf())?;
-    let model_bytes = file.bytes().len() as u64;
-    let f32_bytes = file.gguf().tensors.iter().fold(0u64, |s, t| {
-        s.saturating_add(t.n_elements().saturating_mul(4))
-    });
-    let mut info = BackendInfo::default();
-    let forward: Box<dyn Forward> = match opts.backend {
-        BackendKind::Reference => {
-            let choice = fit::resolve(&cfg, opts.ctx, &fit::host_budget(f32_bytes))?;
-            let model = reference::Model::load(file)?;
-            info = BackendInfo {
-                backend: "reference",
-                device: "cpu (reference)".into(),
-                driver: "reference".into(),
-                weights_path: "f32 in RAM".into(),
-                kernels: "reference".into(),
-                kernels_why: "the CPU reference runs no GPU kernels".into(),
-                device_bytes: 0,
-                kv_bytes: fit::kv_cache_bytes(&cfg, choice.ctx_len as u64).unwrap_or(0),
-                ctx_len: choice.ctx_len,
-                ctx_note: choice.note,
-                ..info
-            };
-            Box::new(ReferenceForward::new(model, choice.ctx_len)?)
-        }
-        BackendKind::Vulkan => {
-            // before the device is even opened: a file the kernels cannot read is
-            // refused naming the tensor and its type (Session::new checks it too)
-            crate::support::check_gpu_readable(&cfg, file.gguf())?;
-            let ctx = vk::Context::new(&vk::ContextOptions {
-                device_index: opts.device,
-                ..Default::default()
-            })
-            .map_err(crate::EngineError::from)?;
-            let mut budget = fit::vulkan_budget(ctx.caps(), model_bytes);
-            if opts.check {
-                let host = fit::host_budget(f32_bytes);
-                if host.bytes < budget.bytes {
-                    budget.bytes = host.bytes;
-                    budget.what = format!("{} (--check runs the reference too)", host.what);
-                }
-            }
-            let choice = fit::resolve(&cfg, opts.ctx, &budget)?;
-            let session_opts = SessionOptions {
-                ctx_len: choice.ctx_len,
-                ..opts.session.clone()
-            };
-            let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
-            let report = session.weights().report();
-            let kv_bytes = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64).unwrap_or(0);
-            info = BackendInfo {
-                backend: "vulkan",
-                device: ctx.caps().name.clone(),
-                driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
-                weights_path: report.path.clone(),
-                kernels: session.profile().profile.as_str().into(),
-                kernels_why: session.profile().why.clone(),
-                device_bytes: report.device_bytes.saturating_add(kv_bytes),
-                kv_bytes,
-                ctx_len: session.ctx_len(),
-                ctx_note: choice.note,
-                weights_load_ms: report.load_ms,
-                ..info
-            };
-            if opts.check {
-                let model = reference::Model::load(file)?;
-                let reference = ReferenceForward::new(model, session.ctx_len())?;
-                Box::new(Checked::new(session, reference))
-            } else {
-                Box::new(session)
-            }
-        }
+    // before the device is even opened: a file the kernels cannot read is refused
+    // naming the tensor and its type (Session::new checks it too)
+    crate::support::check_gpu_readable(&cfg, file.gguf())?;
+    let ctx = vk::Context::new(&vk::ContextOptions {
+        device_index: opts.device,
+        ..Default::default()
+    })
+    .map_err(crate::EngineError::from)?;
+    let n = opts.session.slots.max(1) as u64;
+    let whole = fit::vulkan_budget(ctx.caps(), file.bytes().len() as u64);
+    let mut budget = match n {
+        1 => whole,
+        n => fit::Budget {
+            bytes: whole.bytes / n,
+            max_buffer: whole.max_buffer / n,
+            what: format!("{} shared by {n} slot(s)", whole.what),
+        },
     };
-    info.load_ms = start.elapsed().as_secs_f64() * 1e3;
-    if opts.backend == BackendKind::Reference {
-        info.weights_load_ms = info.load_ms;
+    if let Some(cap) = opts.budget_cap.as_ref().filter(|c| c.bytes < budget.bytes) {
+        budget.bytes = cap.bytes;
+        budget.what.clone_from(&cap.what);
     }
-    Ok(Loaded { forward, info })
+    let choice = fit::resolve(&cfg, opts.ctx, &budget)?;
+    let session_opts = SessionOptions {
+        ctx_len: choice.ctx_len,
+        ..opts.session.clone()
+    };
+    let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
+    let report = session.weights().report();
+    let kv_bytes = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64)
+        .unwrap_or(0)
+        .saturating_mul(n);
+    let info = BackendInfo {
+        backend: "vulkan",
+        device: ctx.caps().name.clone(),
+        driver: format!("{} {}", ctx.caps().driver_name, ctx.caps().driver_info),
+        weights_path: report.path.clone(),
+        kernels: session.profile().profile.as_str().into(),
+        kernels_why: session.profile().why.clone(),
+        device_bytes: report.device_bytes.saturating_add(kv_bytes),
+        kv_bytes,
+        ctx_len: session.ctx_len(),
+        slots: session.slots(),
+        ctx_note: choice.note,
+        load_ms: start.elapsed().as_secs_f64() * 1e3,
+        weights_load_ms: report.load_ms,
+    };
+    Ok(Loaded { session, info })
 }

@@ -1,7 +1,8 @@
 //! One slot's request while it runs: the prompt suffix still to prefill, the sampler, the
-//! token chosen but not yet fed, and the output with its stop strings. The same decisions
-//! as [`crate::Generator::generate`], taken one unit of work (a prompt chunk or a token)
-//! per [`super::Slots::step`]; the step runs the GPU work (alone or batched) and hands
+//! token chosen but not yet fed, and the output with its stop strings. Every generation
+//! (a server's request, a chat turn, the one-shot [`crate::Generator`]) takes its
+//! decisions here, one unit of work (a prompt chunk or a token) per
+//! [`super::Slots::step`]; the step runs the forward pass (alone or batched) and hands
 //! each chosen token to [`Job::keep`].
 
 use std::ops::ControlFlow;
@@ -11,10 +12,9 @@ use tokenizer::Tokenizer;
 
 use super::{Completion, Request, StepReport, Usage};
 use crate::generate::{
-    check_finite, ms, sampler_options, Event, GenerateError, Output, Push, StopReason,
+    check_finite, ms, sampler_options, Event, Forward, GenerateError, Output, Push, StopReason,
 };
 use crate::sampling::{logprob_of, Sampler, TokenLogprob};
-use crate::session::Session;
 
 pub(super) struct Job {
     prompt: Vec<u32>,
@@ -24,6 +24,9 @@ pub(super) struct Job {
     fed: usize,
     reused: usize,
     sampler: Sampler,
+    /// The sampler is greedy and the backend's argmax may stand for the logits (not so
+    /// under `--check`, which compares every step's logits).
+    greedy: bool,
     out: Output,
     /// The token chosen last, to be fed at the next step.
     next: Option<u32>,
@@ -41,12 +44,13 @@ pub(super) struct Job {
 }
 
 impl Job {
-    pub fn new(req: Request, reused: usize, tok: &Tokenizer) -> Job {
+    pub fn new(req: Request, reused: usize, tok: &Tokenizer, wants_logits: bool) -> Job {
         let mut sampler = Sampler::new(sampler_options(&req.sampler, req.ignore_eos, tok));
         for &id in &req.prompt {
             sampler.accept(id);
         }
         Job {
+            greedy: sampler.is_greedy() && !wants_logits,
             out: Output::new(&req.stop),
             prompt: req.prompt,
             max_tokens: req.max_tokens,
@@ -93,7 +97,7 @@ impl Job {
     }
 
     pub fn greedy(&self) -> bool {
-        self.sampler.is_greedy()
+        self.greedy
     }
 
     /// Whether `token` is banned: a greedy argmax that picks it is replaced by a draw
@@ -111,28 +115,28 @@ impl Job {
         self.next
     }
 
-    /// Prefills the next prompt chunk on `session` (whose current slot is this job's);
+    /// Prefills the next prompt chunk on `fwd` (whose current slot is this job's);
     /// after the last chunk, the first token chosen.
     pub fn prefill_chunk(
         &mut self,
-        session: &mut Session,
+        fwd: &mut dyn Forward,
         cached: &mut Vec<u32>,
         report: &mut StepReport,
     ) -> Result<Option<u32>, GenerateError> {
         // a scored prompt goes a token at a time: each token's logits score the next
         let step = match self.prompt_logprobs {
             Some(_) => 1,
-            None => session.prefill_chunk(),
+            None => fwd.chunk_len().max(1),
         };
         let end = (self.fed + step).min(self.prompt.len());
         let chunk = &self.prompt[self.fed..end];
-        session.prefill(chunk)?;
+        fwd.prefill(chunk)?;
         cached.extend_from_slice(chunk);
         report.prefilled += chunk.len();
         self.fed = end;
         if let (Some(n), Some(&next)) = (self.prompt_logprobs, self.prompt.get(end)) {
-            let pos = session.pos();
-            let logits = session.last_logits()?;
+            let pos = fwd.pos();
+            let logits = fwd.last_logits()?;
             check_finite(logits, pos)?;
             self.scored.push(logprob_of(logits, next, n));
         }
@@ -140,39 +144,40 @@ impl Job {
             return Ok(None);
         }
         let argmax = match self.greedy() {
-            true => Some(session.last_argmax()?),
+            true => Some(fwd.last_argmax()?),
             false => None,
         };
         let next = match argmax.filter(|&t| !self.bans(t)) {
             Some(t) => t,
             None => {
-                let pos = session.pos();
-                let logits = session.last_logits()?;
+                let pos = fwd.pos();
+                let logits = fwd.last_logits()?;
                 self.sample(logits, pos)?
             }
         };
         Ok(Some(next))
     }
 
-    /// Feeds the chosen token on `session` alone (one submit for this slot) and
-    /// chooses the next.
+    /// Feeds the chosen token on `fwd` alone (one submit for this slot) and chooses
+    /// the next.
     pub fn decode_one(
         &mut self,
-        session: &mut Session,
+        fwd: &mut dyn Forward,
         cached: &mut Vec<u32>,
         report: &mut StepReport,
     ) -> Result<u32, GenerateError> {
         let t = self.fed_token(cached, report)?;
-        let pos = session.pos();
+        let pos = fwd.pos();
         if self.greedy() {
-            let next = session.decode_argmax(t)?;
+            let next = fwd.decode_argmax(t)?;
             if !self.bans(next) {
                 return Ok(next);
             }
-            let logits = session.last_logits()?;
+            // a banned token won the argmax: the first maximum of the rest
+            let logits = fwd.last_logits()?;
             return self.sample(logits, pos);
         }
-        let logits = session.decode_logits(t)?;
+        let logits = fwd.decode_logits(t)?;
         self.sample(logits, pos)
     }
 
@@ -201,16 +206,22 @@ impl Job {
         self.sampler.take_logprob()
     }
 
-    /// The stop conditions for a chosen token, in the generator's order; a token that
-    /// does not stop the request is fed at the next step.
+    /// The stop conditions for a chosen token, in order; a token that does not stop the
+    /// request is fed at the next step. `emit` breaking stops it ([`StopReason::Cancelled`]).
     pub fn keep(
         &mut self,
-        session: &Session,
+        fwd: &mut dyn Forward,
         tok: &Tokenizer,
         next: u32,
         emit: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     ) -> ControlFlow<StopReason> {
         self.first_token.get_or_insert_with(Instant::now);
+        if let Some(diff) = fwd.take_check_diff() {
+            let step = self.out.ids.len();
+            if emit(Event::Check { step, diff }).is_break() {
+                return ControlFlow::Break(StopReason::Cancelled);
+            }
+        }
         if tok.is_eog(next) && !self.ignore_eos {
             return ControlFlow::Break(StopReason::Eog);
         }
@@ -227,7 +238,7 @@ impl Job {
         if self.cancel {
             return ControlFlow::Break(StopReason::Cancelled);
         }
-        if session.pos() + 1 >= session.ctx_len() {
+        if fwd.pos() + 1 >= fwd.ctx_len() {
             return ControlFlow::Break(StopReason::ContextFull);
         }
         self.next = Some(next);

@@ -164,6 +164,9 @@ pub enum SlotEvent<'a> {
         slot: usize,
         logprob: &'a TokenLogprob,
     },
+    /// `--check`: the largest |gpu - reference| logit difference at generated token
+    /// `step` (only a backend that compares, `cpu-backend`'s `Checked`, reports it).
+    Check { slot: usize, step: usize, diff: f32 },
     /// The request finished; the slot is idle again (its cache kept).
     Done {
         slot: usize,
