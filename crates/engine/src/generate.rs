@@ -6,10 +6,8 @@
 //! ```no_run
 //! # use std::sync::Arc;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let file = Arc::new(gguf::GgufFile::open("models/SmolLM2-135M-Instruct.Q8_0.gguf")?);
-//! let tok = Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf())?);
-//! let loaded = engine::generate::load(&file, &engine::generate::LoadOptions::default())?;
-//! let mut gen = engine::Generator::new(Box::new(loaded.session), tok);
+//! let path = "models/SmolLM2-135M-Instruct.Q8_0.gguf";
+//! let mut gen = engine::Generator::open(path, &engine::generate::LoadOptions::default())?;
 //! let opts = engine::GenerateOptions { max_tokens: Some(16), ..Default::default() };
 //! gen.generate_text("The capital of France is", &opts, &mut |e| {
 //!     if let engine::Event::Text(t) = e { print!("{t}") }

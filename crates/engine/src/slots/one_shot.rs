@@ -4,6 +4,7 @@
 //! error. `vkdecode -p` (and so `bench`) goes through it.
 
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use tokenizer::Tokenizer;
 use tracing::info_span;
 
 use super::{Request, SlotEvent, Slots, SlotsInfo};
-use crate::generate::{Event, Forward, GenerateError, StopReason};
+use crate::generate::{load, Event, Forward, GenerateError, LoadOptions, StopReason};
 use crate::sampling::SamplerOptions;
 
 /// What one generation does.
@@ -83,6 +84,16 @@ pub struct Generator {
 }
 
 impl Generator {
+    /// Opens the model file at `path` and loads it on the Vulkan device as `opts` asks
+    /// ([`crate::generate::load`]), with the tokenizer its metadata describes.
+    pub fn open(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Generator, GenerateError> {
+        let file = Arc::new(gguf::GgufFile::open(path).map_err(crate::EngineError::from)?);
+        let tok = Arc::new(Tokenizer::from_gguf(file.gguf())?);
+        let loaded = load(&file, opts)?;
+        Ok(Generator::new(Box::new(loaded.session), tok))
+    }
+
+    /// A generator over any forward pass, with the model's tokenizer.
     pub fn new(forward: Box<dyn Forward>, tok: Arc<Tokenizer>) -> Generator {
         let mut slots = Slots::from_forward(forward, tok, None, SlotsInfo::default());
         // one token per submit through the one-token pipelines, on any backend
