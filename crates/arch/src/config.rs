@@ -7,7 +7,7 @@
 
 use gguf::{Gguf, Value};
 
-use crate::{Arch, ConfigError, FfnAct, RopeMode, SlidingWindow};
+use crate::{Arch, ConfigError, FfnAct, ModelTensor, RopeMode, SlidingWindow};
 
 /// Hyper-parameters of a decoder, and what its graph does (per-family behaviour resolved
 /// into plain fields by [`Config::from_gguf`]).
@@ -152,20 +152,20 @@ impl Config {
             }
         }
 
-        let embd = tensor_shape(g, "token_embd.weight")?;
+        let embd = tensor_shape(g, ModelTensor::TokenEmbd.name())?;
         if embd.len() != 2 || embd[0] != dim as u64 {
             return Err(ConfigError::TensorShape {
-                name: "token_embd.weight".into(),
+                name: ModelTensor::TokenEmbd.name().into(),
                 expected: format!("[{dim}, n_vocab]"),
                 found: embd,
             });
         }
         let vocab_size = usize::try_from(embd[1]).map_err(|_| ConfigError::TensorShape {
-            name: "token_embd.weight".into(),
+            name: ModelTensor::TokenEmbd.name().into(),
             expected: format!("[{dim}, n_vocab]"),
             found: embd.clone(),
         })?;
-        let tied_output = g.tensor("output.weight").is_none();
+        let tied_output = g.tensor(ModelTensor::Output.name()).is_none();
         let rope_scale = rope_scale(g, p)?;
         let sliding_window = sliding_window(g, arch)?;
         let final_logit_softcap = if arch.has_logit_softcap() {
@@ -201,7 +201,7 @@ impl Config {
             rope_base,
             rope_scale,
             rope_mode: arch.rope_mode(),
-            rope_freqs: arch.has_rope_freqs() && g.tensor("rope_freqs.weight").is_some(),
+            rope_freqs: arch.has_rope_freqs() && g.tensor(ModelTensor::RopeFreqs.name()).is_some(),
             tied_output,
             qkv_bias: arch.qkv_bias(),
             qk_norm: arch.qk_norm(),

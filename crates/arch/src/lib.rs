@@ -5,19 +5,20 @@
 //!
 //! [`family`]: what each architecture's graph does (llama, qwen2, qwen3, gemma3);
 //! [`config`]: the hyper-parameters read from the metadata; [`layers`]: per-layer
-//! attention options (sliding windows, per-layer RoPE base); `tensors`: the tensors the
-//! forward pass reads and their shapes.
+//! attention options (sliding windows, per-layer RoPE base); [`tensors`]: the tensors the
+//! forward pass reads, their names (spelled only there) and their shapes.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod family;
 pub mod layers;
-mod tensors;
+pub mod tensors;
 mod validate;
 
 pub use config::Config;
 pub use family::{Arch, FfnAct, RopeMode, ALL_ARCHS};
 pub use layers::{LayerAttention, SlidingWindow};
+pub use tensors::{LayerTensor, ModelTensor};
 pub use validate::{MAX_CONTEXT_LENGTH, MAX_RMS_EPS};
 
 /// What is wrong with a file's description of its model: an unknown architecture, a

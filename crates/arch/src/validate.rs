@@ -21,7 +21,7 @@
 //! `n_heads · ctx · 4`, activations `ctx · dim · 4`) is below that, so it cannot
 //! overflow; whether it fits the memory at hand is the caller's check.
 
-use crate::{Config, ConfigError};
+use crate::{Config, ConfigError, ModelTensor};
 
 /// The largest `context_length` accepted from a file.
 pub const MAX_CONTEXT_LENGTH: usize = 1 << 24;
@@ -93,7 +93,7 @@ pub(crate) fn validate(cfg: &Config) -> Result<(), ConfigError> {
     }
     if cfg.vocab_size == 0 || u32::try_from(cfg.vocab_size).is_err() {
         return Err(ConfigError::TensorShape {
-            name: "token_embd.weight".into(),
+            name: ModelTensor::TokenEmbd.name().into(),
             expected: format!("[{}, n_vocab] with 1 <= n_vocab <= 2^32-1", cfg.dim),
             found: vec![cfg.dim as u64, cfg.vocab_size as u64],
         });

@@ -22,7 +22,7 @@ mod families;
 
 pub use families::{HeadsCall, PostNormCall, SoftcapCall};
 
-use arch::{Config, RopeMode};
+use arch::{Config, LayerTensor, ModelTensor, RopeMode};
 use gguf::GgmlType;
 use std::sync::Arc;
 
@@ -255,26 +255,26 @@ impl GpuModel {
         let head_dim = to_u32(hd as u64, "head_dim")?;
         let mut views = Views::new(ctx, acts)?;
 
-        let embed_view = matrix(weights, "token_embd.weight", cfg.vocab_size, dim)?;
-        let first_norm = vector(weights, "blk.0.attn_norm.weight", dim)?;
+        let embed_view = matrix(weights, ModelTensor::TokenEmbd.name(), cfg.vocab_size, dim)?;
+        let first_norm = vector(weights, &LayerTensor::AttnNorm.name(0), dim)?;
         let embed = embed::embed_call(embed_view, first_norm, acts, kernels, &mut views, cfg)?;
 
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let t = |s: &str| format!("blk.{l}.{s}.weight");
-            let q = matrix(weights, &t("attn_q"), q_dim, dim)?;
-            let k = matrix(weights, &t("attn_k"), kv_dim, dim)?;
-            let v = matrix(weights, &t("attn_v"), kv_dim, dim)?;
-            let o = matrix(weights, &t("attn_output"), dim, q_dim)?;
-            let gate = matrix(weights, &t("ffn_gate"), hidden, dim)?;
-            let up = matrix(weights, &t("ffn_up"), hidden, dim)?;
-            let down = matrix(weights, &t("ffn_down"), dim, hidden)?;
-            let ffn_norm = vector(weights, &t("ffn_norm"), dim)?;
+            let m = |t: LayerTensor, rows, cols| matrix(weights, &t.name(l), rows, cols);
+            let q = m(LayerTensor::AttnQ, q_dim, dim)?;
+            let k = m(LayerTensor::AttnK, kv_dim, dim)?;
+            let v = m(LayerTensor::AttnV, kv_dim, dim)?;
+            let o = m(LayerTensor::AttnOutput, dim, q_dim)?;
+            let gate = m(LayerTensor::FfnGate, hidden, dim)?;
+            let up = m(LayerTensor::FfnUp, hidden, dim)?;
+            let down = m(LayerTensor::FfnDown, dim, hidden)?;
+            let ffn_norm = vector(weights, &LayerTensor::FfnNorm.name(l), dim)?;
             // the norm applied after this layer: the next layer's attn_norm, or output_norm
             let next_norm = if l + 1 < cfg.n_layers {
-                vector(weights, &format!("blk.{}.attn_norm.weight", l + 1), dim)?
+                vector(weights, &LayerTensor::AttnNorm.name(l + 1), dim)?
             } else {
-                vector(weights, "output_norm.weight", dim)?
+                vector(weights, ModelTensor::OutputNorm.name(), dim)?
             };
             let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
             let (biases, qk_norms, post_norms) = families::layer_vectors(weights, cfg, l)?;
@@ -348,12 +348,7 @@ impl GpuModel {
             });
         }
 
-        let out_name = if cfg.tied_output {
-            "token_embd.weight"
-        } else {
-            "output.weight"
-        };
-        let out_view = matrix(weights, out_name, cfg.vocab_size, dim)?;
+        let out_view = matrix(weights, cfg.output_tensor().name(), cfg.vocab_size, dim)?;
         let logits = matmul_calls(
             step::logits(
                 out_view,

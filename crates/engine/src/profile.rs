@@ -210,31 +210,21 @@ mod tests {
         std::fs::write(&path, &bytes).expect("writing the tiny model");
         let file = Arc::new(gguf::GgufFile::open(&path).expect("tiny model"));
         let _ = std::fs::remove_file(&path);
-        let tensor_bytes = |suffixes: &[&str]| -> u64 {
-            file.gguf()
-                .tensors
-                .iter()
-                .filter(|t| {
-                    t.name.starts_with("blk.")
-                        && suffixes
-                            .iter()
-                            .any(|s| t.name.ends_with(&format!(".{s}.weight")))
-                })
-                .map(|t| t.n_bytes())
+        let cfg = arch::Config::from_gguf(file.gguf()).expect("tiny model config");
+        let size = |name: &str| file.gguf().tensor(name).expect(name).n_bytes();
+        let tensor_bytes = |ts: &[arch::LayerTensor]| -> u64 {
+            (0..n_layers)
+                .flat_map(|l| ts.iter().map(move |t| t.name(l)))
+                .map(|name| size(&name))
                 .sum()
         };
-        let logits_bytes = file
-            .gguf()
-            .tensor("output.weight")
-            .or_else(|| file.gguf().tensor("token_embd.weight"))
-            .expect("an output matrix")
-            .n_bytes();
+        use arch::LayerTensor::*;
         let want_bytes = [
-            ("qkv", tensor_bytes(&["attn_q", "attn_k", "attn_v"])),
-            ("attn_output", tensor_bytes(&["attn_output"])),
-            ("gate_up", tensor_bytes(&["ffn_gate", "ffn_up"])),
-            ("ffn_down", tensor_bytes(&["ffn_down"])),
-            ("logits", logits_bytes),
+            ("qkv", tensor_bytes(&[AttnQ, AttnK, AttnV])),
+            ("attn_output", tensor_bytes(&[AttnOutput])),
+            ("gate_up", tensor_bytes(&[FfnGate, FfnUp])),
+            ("ffn_down", tensor_bytes(&[FfnDown])),
+            ("logits", size(cfg.output_tensor().name())),
         ];
         let opts = SessionOptions {
             ctx_len: 16,

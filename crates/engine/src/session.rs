@@ -612,7 +612,7 @@ fn rope_factors(file: &gguf::GgufFile, cfg: &Config) -> Result<Option<Vec<f32>>,
     if !cfg.rope_freqs {
         return Ok(None);
     }
-    let name = "rope_freqs.weight";
+    let name = arch::ModelTensor::RopeFreqs.name();
     let bad = |why: String| EngineError::Tensor {
         name: name.into(),
         why,

@@ -6,7 +6,7 @@ use gguf::{GgmlType, Gguf, GgufFile, TensorInfo};
 
 use crate::kernels::matvec_f32;
 use crate::RefError;
-use arch::Config;
+use arch::{Config, LayerTensor, ModelTensor};
 
 /// A dequantised weight matrix: `rows` rows of `cols` f32, row-major.
 #[derive(Clone, Debug)]
@@ -117,9 +117,9 @@ impl Model {
             Ok(Matrix { rows, cols, data })
         };
         // A tensor the description says exists (`present`), else `None`.
-        let opt_vector = |present: bool, name: String| -> Result<Option<Vec<f32>>, RefError> {
+        let opt_vector = |present: bool, name: &str| -> Result<Option<Vec<f32>>, RefError> {
             if present {
-                vector(&name).map(Some)
+                vector(name).map(Some)
             } else {
                 Ok(None)
             }
@@ -128,35 +128,38 @@ impl Model {
         let c = &config;
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
-            let b = |n: &str| format!("blk.{l}.{n}");
+            use LayerTensor::*;
+            let m = |t: LayerTensor| matrix(&t.name(l));
+            let v = |t: LayerTensor| vector(&t.name(l));
+            let opt = |t: LayerTensor| opt_vector(c.has_layer(t), &t.name(l));
             layers.push(Layer {
-                attn_norm: vector(&b("attn_norm.weight"))?,
-                attn_q: matrix(&b("attn_q.weight"))?,
-                attn_k: matrix(&b("attn_k.weight"))?,
-                attn_v: matrix(&b("attn_v.weight"))?,
-                attn_q_bias: opt_vector(c.qkv_bias, b("attn_q.bias"))?,
-                attn_k_bias: opt_vector(c.qkv_bias, b("attn_k.bias"))?,
-                attn_v_bias: opt_vector(c.qkv_bias, b("attn_v.bias"))?,
-                attn_q_norm: opt_vector(c.qk_norm, b("attn_q_norm.weight"))?,
-                attn_k_norm: opt_vector(c.qk_norm, b("attn_k_norm.weight"))?,
-                attn_output: matrix(&b("attn_output.weight"))?,
-                post_attention_norm: opt_vector(c.post_norms, b("post_attention_norm.weight"))?,
-                ffn_norm: vector(&b("ffn_norm.weight"))?,
-                ffn_gate: matrix(&b("ffn_gate.weight"))?,
-                ffn_up: matrix(&b("ffn_up.weight"))?,
-                ffn_down: matrix(&b("ffn_down.weight"))?,
-                post_ffw_norm: opt_vector(c.post_norms, b("post_ffw_norm.weight"))?,
+                attn_norm: v(AttnNorm)?,
+                attn_q: m(AttnQ)?,
+                attn_k: m(AttnK)?,
+                attn_v: m(AttnV)?,
+                attn_q_bias: opt(AttnQBias)?,
+                attn_k_bias: opt(AttnKBias)?,
+                attn_v_bias: opt(AttnVBias)?,
+                attn_q_norm: opt(AttnQNorm)?,
+                attn_k_norm: opt(AttnKNorm)?,
+                attn_output: m(AttnOutput)?,
+                post_attention_norm: opt(PostAttnNorm)?,
+                ffn_norm: v(FfnNorm)?,
+                ffn_gate: m(FfnGate)?,
+                ffn_up: m(FfnUp)?,
+                ffn_down: m(FfnDown)?,
+                post_ffw_norm: opt(PostFfwNorm)?,
             });
         }
         Ok(Model {
-            token_embd: matrix("token_embd.weight")?,
-            output_norm: vector("output_norm.weight")?,
-            output: if c.tied_output {
-                None
+            token_embd: matrix(ModelTensor::TokenEmbd.name())?,
+            output_norm: vector(ModelTensor::OutputNorm.name())?,
+            output: if c.has(ModelTensor::Output) {
+                Some(matrix(ModelTensor::Output.name())?)
             } else {
-                Some(matrix("output.weight")?)
+                None
             },
-            rope_freqs: opt_vector(c.rope_freqs, "rope_freqs.weight".into())?,
+            rope_freqs: opt_vector(c.has(ModelTensor::RopeFreqs), ModelTensor::RopeFreqs.name())?,
             layers,
             config,
         })

@@ -6,7 +6,7 @@
 //! Weights come from a seeded SplitMix64 generator (no dependency, stable across
 //! versions), so a seed names one model forever.
 
-use arch::Arch;
+use arch::{Arch, LayerTensor, ModelTensor};
 use gguf::{GgmlType, GgufWriter, Value, ValueType};
 
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed, seedable generator.
@@ -314,85 +314,47 @@ pub fn tiny_model(spec: &TinySpec) -> Vec<u8> {
     let s_dim = 1.0 / (dim as f32).sqrt();
     let s_q = 1.0 / (q_dim as f32).sqrt();
     let s_hidden = 1.0 / (hidden_dim as f32).sqrt();
-    matrix(&mut w, &mut rng, "token_embd.weight", vocab, dim, 1.0);
+    matrix(
+        &mut w,
+        &mut rng,
+        ModelTensor::TokenEmbd.name(),
+        vocab,
+        dim,
+        1.0,
+    );
     if spec.rope_freqs {
         // Llama 3's shape: 1 for the fast half of the frequencies, rising to 8.
         let half = head_dim / 2;
         let f: Vec<f32> = (0..half)
             .map(|i| 1.0 + 7.0 * (i as f32 / (half - 1).max(1) as f32).powi(2))
             .collect();
-        f32_vector(&mut w, "rope_freqs.weight", &f);
+        f32_vector(&mut w, ModelTensor::RopeFreqs.name(), &f);
     }
     for l in 0..n_layers {
-        let b = |n: &str| format!("blk.{l}.{n}");
-        norm(&mut w, &mut rng, &b("attn_norm.weight"), dim);
-        matrix(
-            &mut w,
-            &mut rng,
-            &b("attn_q.weight"),
-            q_dim,
-            dim,
-            2.0 * s_dim,
-        );
-        matrix(
-            &mut w,
-            &mut rng,
-            &b("attn_k.weight"),
-            kv_dim,
-            dim,
-            2.0 * s_dim,
-        );
-        matrix(&mut w, &mut rng, &b("attn_v.weight"), kv_dim, dim, s_dim);
-        if arch.qkv_bias() {
-            for (n, len) in [
-                ("attn_q.bias", q_dim),
-                ("attn_k.bias", kv_dim),
-                ("attn_v.bias", kv_dim),
-            ] {
-                let x = rng.vec(len, 0.5);
-                f32_vector(&mut w, &b(n), &x);
+        for t in LayerTensor::ALL.into_iter().filter(|&t| arch.has_layer(t)) {
+            use LayerTensor::*;
+            let (w, rng, name) = (&mut w, &mut rng, &t.name(l));
+            match t {
+                AttnNorm | PostAttnNorm | FfnNorm | PostFfwNorm => norm(w, rng, name, dim),
+                AttnQNorm | AttnKNorm => norm(w, rng, name, head_dim),
+                AttnQ => matrix(w, rng, name, q_dim, dim, 2.0 * s_dim),
+                AttnK => matrix(w, rng, name, kv_dim, dim, 2.0 * s_dim),
+                AttnV => matrix(w, rng, name, kv_dim, dim, s_dim),
+                AttnQBias | AttnKBias | AttnVBias => {
+                    let len = if t == AttnQBias { q_dim } else { kv_dim };
+                    let x = rng.vec(len, 0.5);
+                    f32_vector(w, name, &x);
+                }
+                AttnOutput => matrix(w, rng, name, dim, q_dim, s_q),
+                FfnGate | FfnUp => matrix(w, rng, name, hidden_dim, dim, s_dim),
+                FfnDown => matrix(w, rng, name, dim, hidden_dim, s_hidden),
             }
         }
-        if arch.qk_norm() {
-            norm(&mut w, &mut rng, &b("attn_q_norm.weight"), head_dim);
-            norm(&mut w, &mut rng, &b("attn_k_norm.weight"), head_dim);
-        }
-        matrix(&mut w, &mut rng, &b("attn_output.weight"), dim, q_dim, s_q);
-        if arch.post_norms() {
-            norm(&mut w, &mut rng, &b("post_attention_norm.weight"), dim);
-        }
-        norm(&mut w, &mut rng, &b("ffn_norm.weight"), dim);
-        matrix(
-            &mut w,
-            &mut rng,
-            &b("ffn_gate.weight"),
-            hidden_dim,
-            dim,
-            s_dim,
-        );
-        matrix(
-            &mut w,
-            &mut rng,
-            &b("ffn_up.weight"),
-            hidden_dim,
-            dim,
-            s_dim,
-        );
-        matrix(
-            &mut w,
-            &mut rng,
-            &b("ffn_down.weight"),
-            dim,
-            hidden_dim,
-            s_hidden,
-        );
-        if arch.post_norms() {
-            norm(&mut w, &mut rng, &b("post_ffw_norm.weight"), dim);
-        }
     }
-    norm(&mut w, &mut rng, "output_norm.weight", dim);
+    norm(&mut w, &mut rng, ModelTensor::OutputNorm.name(), dim);
     if !spec.tied {
-        matrix(&mut w, &mut rng, "output.weight", vocab, dim, 2.0 * s_dim);
+        let name = ModelTensor::Output.name();
+        matrix(&mut w, &mut rng, name, vocab, dim, 2.0 * s_dim);
     }
     w.to_bytes()
 }

@@ -2,7 +2,7 @@
 //! per-layer weights they read (biases, Q/K norms, post norms), and the bound calls of
 //! `heads.comp`, `post_norm.comp` and `softcap.comp`.
 
-use arch::{Config, RopeMode};
+use arch::{Config, LayerTensor, RopeMode};
 use vk::{BufferBinding, DescriptorSet};
 
 use super::{to_u32, vector};
@@ -51,30 +51,20 @@ pub(super) fn layer_vectors(
     ),
     EngineError,
 > {
-    let t = |s: &str| format!("blk.{l}.{s}");
-    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    use LayerTensor::*;
+    let v = |t: LayerTensor| vector(weights, &t.name(l), cfg.layer_shape(t)[0] as usize);
     let biases = if cfg.qkv_bias {
-        Some([
-            vector(weights, &t("attn_q.bias"), q_dim)?,
-            vector(weights, &t("attn_k.bias"), kv_dim)?,
-            vector(weights, &t("attn_v.bias"), kv_dim)?,
-        ])
+        Some([v(AttnQBias)?, v(AttnKBias)?, v(AttnVBias)?])
     } else {
         None
     };
     let qk_norms = if cfg.qk_norm {
-        Some([
-            vector(weights, &t("attn_q_norm.weight"), cfg.head_dim)?,
-            vector(weights, &t("attn_k_norm.weight"), cfg.head_dim)?,
-        ])
+        Some([v(AttnQNorm)?, v(AttnKNorm)?])
     } else {
         None
     };
     let post_norms = if cfg.post_norms {
-        Some([
-            vector(weights, &t("post_attention_norm.weight"), cfg.dim)?,
-            vector(weights, &t("post_ffw_norm.weight"), cfg.dim)?,
-        ])
+        Some([v(PostAttnNorm)?, v(PostFfwNorm)?])
     } else {
         None
     };
