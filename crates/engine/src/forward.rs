@@ -33,7 +33,7 @@ pub enum Head {
 /// (`pos0` and the token ids are read from the step buffer at run time).
 pub struct Recorder<'a> {
     pub cmd: &'a mut CommandBuffer,
-    pub kernels: &'a kernels::Kernels,
+    pub kernels: &'a mut kernels::Kernels,
     pub model: &'a GpuModel,
     pub acts: &'a Activations,
     pub cfg: &'a Config,
@@ -334,10 +334,9 @@ impl Recorder<'_> {
                 .kernels
                 .matmul_key(&variant, self.batch, self.model.neox, self.model.head_dim)
                 .for_tokens(n_tok);
-            let p = self
-                .kernels
-                .matmul_ref(&key)
-                .ok_or_else(|| missing(&call.name))?;
+            // created here on first use: a step that no run takes (a small tile, the
+            // batched head) costs neither load time nor the driver's memory for its code
+            let p = self.kernels.matmul(key)?;
             let mut push = MatmulPush {
                 n_tok,
                 x_tok0,

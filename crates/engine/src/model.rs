@@ -535,9 +535,6 @@ fn matmul_calls(
         let set = kernels
             .matmul(kernels.matmul_key(&variant, Batch::Decode, neox, head_dim))?
             .descriptor_set_with(&bindings.descriptors())?;
-        let prefill = kernels.matmul_key(&variant, kernels.prefill_batch(), neox, head_dim);
-        kernels.matmul(prefill)?;
-        kernels.matmul(prefill.for_tokens(1))?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {
                 spec.name.clone()

@@ -112,9 +112,11 @@ pub struct Session {
 }
 
 impl Session {
-    /// Loads the weights, creates every pipeline, descriptor set and buffer, records the
-    /// decode command buffer, and warms every pipeline (lavapipe compiles a pipeline on
-    /// its first dispatch) with a throw-away token.
+    /// Loads the weights, creates the pipelines, descriptor sets and buffers, records the
+    /// decode command buffer, and warms the decode and prefill pipelines (lavapipe
+    /// compiles a pipeline on its first dispatch) with throw-away tokens. Pipelines only
+    /// some runs take (the GEMM's small tile, the batched step's head) are created on
+    /// first use.
     pub fn new(
         ctx: Arc<vk::Context>,
         file: Arc<gguf::GgufFile>,
@@ -152,7 +154,6 @@ impl Session {
         let mut kernels = Kernels::with_profile(&ctx, opts.kernels)?;
         kernels.set_column_split(opts.column_split);
         let model = GpuModel::build(&ctx, &cfg, &weights, &acts, &mut kernels)?;
-        batch::head_pipelines(&mut kernels, &model)?;
 
         // RoPE frequencies with the linear scale and Llama 3's divisors folded in: the
         // global table in the step buffer (the fused q/k/v epilogue), both tables (global,
@@ -197,10 +198,12 @@ impl Session {
         };
         session.counters.allocations = session.acts.count();
         session.record_decode(opts.sync_each_layer)?;
-        // warm every pipeline: a one-token prefill and one decode step
-        // (its token is thrown away: a model whose logits are not finite loads, and says
-        // so on the first token it is asked for)
-        session.prefill(&[0])?;
+        // warm the pipelines a run takes: a prefill of the smallest batch that runs the
+        // full GEMM tile (a chunk of one or two tokens takes the small tile, created when
+        // first needed) and one decode step (the tokens are thrown away: a model whose
+        // logits are not finite loads, and says so on the first token it is asked for)
+        let warm = (kernels::GEMM_SMALL_TILE as usize + 1).min(ctx_len);
+        session.prefill(&vec![0; warm])?;
         match session.decode_argmax(0) {
             Ok(_) | Err(EngineError::NonFiniteLogits { .. }) => {}
             Err(e) => return Err(e),
@@ -499,7 +502,7 @@ impl Session {
         let mut names = Vec::new();
         let mut rec = Recorder {
             cmd,
-            kernels: &self.kernels,
+            kernels: &mut self.kernels,
             model: &self.model,
             acts: &self.acts,
             cfg: &self.cfg,
@@ -540,7 +543,7 @@ impl Session {
             };
             let mut rec = Recorder {
                 cmd,
-                kernels: &self.kernels,
+                kernels: &mut self.kernels,
                 model: &self.model,
                 acts: &self.acts,
                 cfg: &self.cfg,

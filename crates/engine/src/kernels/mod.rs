@@ -328,6 +328,7 @@ impl Kernels {
             )));
         }
         if !self.matmul.contains_key(&key) {
+            let start = std::time::Instant::now();
             let desc = key.desc()?;
             let p = if key.split_k > 0 {
                 // one subgroup per workgroup: required of the device where it must be asked
@@ -335,14 +336,14 @@ impl Kernels {
             } else {
                 Pipeline::new(&self.ctx, &desc)?
             };
+            tracing::debug!(
+                kernel = desc.kernel.name(),
+                ms = start.elapsed().as_millis() as u64,
+                "created matmul pipeline"
+            );
             self.matmul.insert(key, p);
         }
         Ok(&self.matmul[&key])
-    }
-
-    /// A matmul pipeline created earlier by [`Kernels::matmul`].
-    pub fn matmul_ref(&self, key: &MatmulKey) -> Option<&Pipeline> {
-        self.matmul.get(key)
     }
 
     /// The embedding pipeline for a table of type `ty`, created on first request.

@@ -18,8 +18,8 @@ use vk::CommandBuffer;
 
 use super::Session;
 use crate::forward::Recorder;
-use crate::kernels::{Kernels, ARGMAX_NON_FINITE, STEP_MAX_BATCH};
-use crate::model::{Batch, GpuModel, MatmulVariant};
+use crate::kernels::{ARGMAX_NON_FINITE, STEP_MAX_BATCH};
+use crate::model::Batch;
 use crate::profile::{dispatch_weight_bytes, per_kernel, KernelTime};
 use crate::EngineError;
 
@@ -44,21 +44,6 @@ impl BatchOut {
             head_mm: true,
         })
     }
-}
-
-/// Creates the pipelines of the batched head: the logits over every token of the batch
-/// through the matrix-matrix kernel (the one-token kernel's are the lone head's).
-pub(super) fn head_pipelines(kernels: &mut Kernels, model: &GpuModel) -> Result<(), EngineError> {
-    for call in &model.logits {
-        let variant = MatmulVariant {
-            last_token_only: false,
-            ..call.variant
-        };
-        let key = kernels.matmul_key(&variant, Batch::Prefill, model.neox, model.head_dim);
-        kernels.matmul(key)?;
-        kernels.matmul(key.for_tokens(1))?;
-    }
-    Ok(())
 }
 
 impl Session {
@@ -106,7 +91,7 @@ impl Session {
         let mut names = Vec::new();
         let mut rec = Recorder {
             cmd,
-            kernels: &self.kernels,
+            kernels: &mut self.kernels,
             model: &self.model,
             acts: &self.acts,
             cfg: &self.cfg,
