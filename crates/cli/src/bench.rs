@@ -135,7 +135,7 @@ pub struct RunRecord {
     /// Index of its group in the order groups ran.
     pub seq: usize,
     pub evicted: bool,
-    pub residency_at_start: Option<engine::pagecache::Residency>,
+    pub residency_at_start: Option<residency::pagecache::Residency>,
     pub child: ChildResult,
 }
 
@@ -271,10 +271,10 @@ pub fn run(args: Args) -> Result<()> {
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
                 if args.cold {
-                    engine::pagecache::evict(&args.model)
+                    residency::pagecache::evict(&args.model)
                         .context("--cold: evicting the model from the page cache")?;
                 }
-                let residency_at_start = match engine::pagecache::residency(&args.model) {
+                let residency_at_start = match residency::pagecache::residency(&args.model) {
                     Ok(r) => Some(r),
                     Err(e) => {
                         errln!("warning: {e}");

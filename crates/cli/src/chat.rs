@@ -141,7 +141,7 @@ pub fn run(args: Args) -> Result<()> {
         gguf::GgufFile::open(&args.model)
             .with_context(|| format!("opening model {}", args.model.display()))?,
     );
-    engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
+    residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
     let opts = engine::SlotsOptions {
         slots: 1,
         ctx: match args.ctx_size {

@@ -138,7 +138,7 @@ fn plan_report(
     let caps = all
         .get(index)
         .with_context(|| format!("--device {index}: only {} device(s) found", all.len()))?;
-    let plan = engine::residency::plan_for(caps, file, import_cap).context("planning shards")?;
+    let plan = residency::plan_for(caps, file, import_cap).context("planning shards")?;
     Ok(PlanReport {
         device: caps.name.clone(),
         device_index: index,

@@ -105,7 +105,7 @@ fn main() {
     // decisions); warnings show by default, `VKDECODE_LOG=info` (or debug, trace) shows more.
     // On a terminal the residency layer's progress of a large staging copy shows too.
     let default_filter = if std::io::stderr().is_terminal() {
-        "warn,engine::residency=info"
+        "warn,residency=info"
     } else {
         "warn"
     };

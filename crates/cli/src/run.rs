@@ -222,8 +222,8 @@ pub fn run(args: Args) -> Result<()> {
             .with_context(|| format!("opening model {}", model_path.display()))?,
     );
     // A SIGBUS in the mapping (the file shrank under us) prints one line and exits 74.
-    engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let stamp = engine::residency::FileStamp::take(&model_path)
+    residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
+    let stamp = residency::FileStamp::take(&model_path)
         .with_context(|| format!("reading {}", model_path.display()))?;
     let tok =
         Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?);

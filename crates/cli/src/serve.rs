@@ -185,7 +185,7 @@ pub fn run(args: Args) -> Result<()> {
         gguf::GgufFile::open(path).with_context(|| format!("opening model {}", path.display()))?,
     );
     // a SIGBUS in the mapping (the file shrank under the server) names the file, exit 74
-    engine::residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
+    residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
     let template = match &args.chat_template_file {
         Some(f) => {
             let text = std::fs::read_to_string(f)
@@ -232,7 +232,7 @@ pub fn run(args: Args) -> Result<()> {
     let metrics = Arc::new(server::Metrics::default());
     // before every engine step: stop with an error if the model file was rewritten in
     // place (as the main command checks between chunks and tokens)
-    let stamp = engine::residency::FileStamp::take(path)
+    let stamp = residency::FileStamp::take(path)
         .with_context(|| format!("reading {}", path.display()))?;
     let guard: server::scheduler::Guard =
         Box::new(move || stamp.check().map_err(|e| e.to_string()));

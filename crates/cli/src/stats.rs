@@ -31,20 +31,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// The process's memory split and the model file's page-cache residency.
 pub struct MemoryReport {
-    mem: engine::memstats::MemStats,
+    mem: residency::memstats::MemStats,
     file_resident_bytes: u64,
     file_bytes: u64,
 }
 
 impl MemoryReport {
     pub fn read(file_bytes: &[u8]) -> Result<MemoryReport> {
-        let mem = match engine::memstats::MemStats::read() {
+        let mem = match residency::memstats::MemStats::read() {
             Ok(m) => m,
             Err(e) => bail!("reading /proc/self memory figures: {e}"),
         };
         Ok(MemoryReport {
             mem,
-            file_resident_bytes: engine::memstats::file_resident_bytes(file_bytes),
+            file_resident_bytes: residency::memstats::file_resident_bytes(file_bytes),
             file_bytes: file_bytes.len() as u64,
         })
     }

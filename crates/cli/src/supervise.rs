@@ -3,7 +3,7 @@
 //!
 //! With imported weights the shaders read the file's page-cache pages. When the file is
 //! truncated or copied over mid-run, the next read of a lost page raises `SIGBUS`. The
-//! engine installs a handler that names the file (`engine::residency::sigbus`), but on a
+//! engine installs a handler that names the file (`residency::sigbus`), but on a
 //! CPU Vulkan driver (lavapipe) the read happens in the driver's worker threads, which
 //! block every signal, so the kernel kills the process outright: exit 135, no word.
 //! So for runs whose weights may be file pages, `vkdecode` starts itself again as a
@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use engine::residency::sigbus;
+use residency::sigbus;
 
 use crate::signals;
 

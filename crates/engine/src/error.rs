@@ -1,6 +1,6 @@
 //! The engine's error type. Other modules add variants as they need them.
 
-use crate::residency::PlanError;
+use residency::ResidencyError;
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
@@ -11,21 +11,9 @@ pub enum EngineError {
     /// A GGUF error.
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
-    /// The shard planner rejected the layout.
-    #[error("planning weight shards: {0}")]
-    Plan(#[from] PlanError),
-    /// `--weights import` could not import (the message says why).
-    #[error("--weights import: {0}")]
-    ImportFailed(String),
-    /// An OS call (mmap, mlock, ...) failed.
-    #[error("{what}: {source}")]
-    Os {
-        /// What was being done.
-        what: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The weights could not be made resident (planning, import, copy, the file).
+    #[error(transparent)]
+    Residency(#[from] ResidencyError),
     /// A tensor needed by the engine is missing or has an unusable shape/type.
     #[error("tensor `{name}`: {why}")]
     Tensor {
@@ -43,9 +31,6 @@ pub enum EngineError {
     /// Bad input from the caller (empty prompt, token id outside the vocabulary, ...).
     #[error("invalid input: {0}")]
     Input(String),
-    /// The mapped model file was rewritten in place during the run.
-    #[error(transparent)]
-    FileChanged(#[from] crate::residency::FileChanged),
     /// The logits held a NaN or an infinity, so no token can be chosen (broken weights
     /// or metadata: a NaN norm weight, a meaningless epsilon or rope base).
     #[error("the logits at position {pos} are not all finite (NaN or infinity): the model's weights or metadata are broken")]

@@ -1,21 +1,13 @@
-//! engine: weight residency (import / copy / auto) on crates/vk, the Llama graph,
-//! sampling, memory statistics. This file is a list of modules only.
-//!
-//! `unsafe` is denied here and allowed in three named modules only, each block with a
-//! SAFETY comment: `residency::sys` (sysconf, mincore, the host-pointer import calls),
-//! `residency::sigbus` (the SIGBUS handler: sigaction, write, _exit) and `pagecache`
-//! (fadvise, and the read-only map of a file that is only passed to mincore).
+//! engine: the model graph on Vulkan over resident weights (the `residency` crate),
+//! kernels, sampling and generation. This file is a list of modules only.
 #![deny(unsafe_code)]
 
 mod error;
-pub mod memstats;
-pub mod residency;
 
 pub use error::EngineError;
-pub use memstats::MemStats;
 pub use residency::{
-    auto_decision, plan_shards, AutoDecision, ResidencyOptions, ResidencyReport, ShardPlan,
-    TensorView, ViewPart, Weights, WeightsMode,
+    auto_decision, plan_shards, AutoDecision, MemStats, ResidencyOptions, ResidencyReport,
+    ShardPlan, TensorView, ViewPart, Weights, WeightsMode,
 };
 
 pub mod activations;
@@ -24,7 +16,6 @@ pub mod generate;
 pub mod graph;
 pub mod kernels;
 pub mod model;
-pub mod pagecache;
 pub mod profile;
 pub mod sampling;
 pub mod session;

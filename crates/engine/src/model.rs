@@ -34,10 +34,10 @@ use crate::kernels::{
     self, k_texel_aligned, ArgmaxBindings, AttentionPush, Kernels, MatmulBindings, OutMode, Slot,
     CHUNK,
 };
-use crate::residency::{TensorView, ViewPart, Weights};
 use crate::step::{self, Dims, Io, LayerWeights, MatmulSpec};
 use crate::views::Views;
 use crate::EngineError;
+use residency::{TensorView, ViewPart, Weights};
 
 pub use crate::kernels::{Batch, MatmulShape, MatmulVariant};
 

@@ -19,8 +19,8 @@ use crate::kernels::{self, Kernels, StepHeader, ARGMAX_NON_FINITE};
 use crate::model::{Batch, GpuModel};
 pub use crate::profile::KernelTime;
 use crate::profile::{dispatch_weight_bytes, per_kernel};
-use crate::residency::{ResidencyOptions, Weights};
 use crate::EngineError;
+use residency::{ResidencyOptions, Weights};
 
 mod batch;
 

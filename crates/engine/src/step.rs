@@ -7,8 +7,8 @@ use vk::{BufferBinding, BufferView};
 
 use crate::activations::Activations;
 use crate::kernels::{AttentionBindings, HeadsBindings, InMode, OutMode, PostNormBindings};
-use crate::residency::TensorView;
 use crate::views::Views;
+use residency::TensorView;
 
 /// What one fused matmul reads and writes, before it is split into calls.
 pub(crate) struct MatmulSpec<'a> {

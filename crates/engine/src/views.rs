@@ -9,8 +9,8 @@ use vk::{BufferBinding, BufferView, TexelFormat};
 
 use crate::activations::Activations;
 use crate::kernels;
-use crate::residency::ViewPart;
 use crate::EngineError;
+use residency::ViewPart;
 
 /// A texel view spanning several weight parts, and each part's byte offset inside it.
 pub(crate) type SpanningView = (Arc<BufferView>, Vec<u64>);

@@ -1,6 +1,7 @@
 //! Record-time checks of the forward pass: every dispatch's writes fit the ranges bound
 //! (robustBufferAccess is off, so writing past a buffer would be undefined behaviour),
-//! and every pipeline a dispatch needs was created at load.
+//! and every pipeline created at load that a dispatch needs exists (the matmul pipelines
+//! are created where their dispatch is recorded, on first use).
 
 use crate::kernels::{self, MatmulPush};
 use crate::model::MatmulCall;
@@ -44,7 +45,8 @@ pub(super) fn check_matmul(
     Ok(())
 }
 
-/// A pipeline the recorder needs was not created at load.
+/// A pipeline the recorder needs was not created at load (embed, attention and the
+/// families' steps; the matmuls are created on first use).
 pub(super) fn missing(what: &str) -> EngineError {
     EngineError::Unsupported(format!("internal: no pipeline was created for `{what}`"))
 }

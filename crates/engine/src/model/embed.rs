@@ -9,9 +9,9 @@ use vk::BufferBinding;
 use super::{to_u32, EmbedCall};
 use crate::activations::Activations;
 use crate::kernels::{self, EmbedBindings, Kernels};
-use crate::residency::TensorView;
 use crate::views::Views;
 use crate::EngineError;
+use residency::TensorView;
 
 pub(super) fn embed_call(
     view: &TensorView,

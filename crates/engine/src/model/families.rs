@@ -12,9 +12,9 @@ use crate::kernels::{
     AttentionPush, HeadsPush, Kernels, PostNormPush, SoftcapBindings, SoftcapPush, HEADS_BIAS,
     HEADS_NEOX, HEADS_NORM, STEP_FREQS_MAX,
 };
-use crate::residency::Weights;
 use crate::step::{self, LayerWeights};
 use crate::EngineError;
+use residency::Weights;
 
 /// `heads.comp` bound for one layer.
 pub struct HeadsCall {

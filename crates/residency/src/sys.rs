@@ -1,4 +1,4 @@
-//! The engine's `unsafe` for residency: the page size (`sysconf`), page-cache queries
+//! This crate's `unsafe` for residency: the page size (`sysconf`), page-cache queries
 //! (`mincore`), and the host-pointer import of ranges whose owner is kept alive by the
 //! returned value. Each block has a SAFETY comment. Anonymous memory and `mlock` are
 //! memmap2's safe calls (see `weights.rs`).

@@ -21,7 +21,7 @@ use super::{
     auto_decision, plan_for, Faults, ResidencyOptions, ResidencyReport, ShardPlan, ShardReport,
     TensorView, ViewPart, WeightsMode,
 };
-use crate::EngineError;
+use crate::ResidencyError;
 
 /// Largest staging buffer alive during a copy load.
 const STAGING_MAX: u64 = 64 << 20;
@@ -88,7 +88,7 @@ impl Weights {
         ctx: &Arc<Context>,
         file: Arc<GgufFile>,
         opts: &ResidencyOptions,
-    ) -> Result<Weights, EngineError> {
+    ) -> Result<Weights, ResidencyError> {
         let faults = Faults::from_env()?;
         Weights::load_with_faults(ctx, file, opts, faults)
     }
@@ -99,7 +99,7 @@ impl Weights {
         file: Arc<GgufFile>,
         opts: &ResidencyOptions,
         faults: Faults,
-    ) -> Result<Weights, EngineError> {
+    ) -> Result<Weights, ResidencyError> {
         let model_bytes = file.bytes().len() as u64;
         let span = tracing::info_span!("load", mode = %opts.mode, bytes = model_bytes);
         let _enter = span.enter();
@@ -146,7 +146,7 @@ impl Weights {
             ),
             WeightsMode::Import => {
                 if !caps.external_memory_host {
-                    return Err(EngineError::ImportFailed(format!(
+                    return Err(ResidencyError::ImportFailed(format!(
                         "device `{}` does not support VK_EXT_external_memory_host; use --weights copy",
                         caps.name
                     )));
@@ -157,7 +157,7 @@ impl Weights {
 
         let plan = plan_for(caps, &file, opts.import_cap)?;
         let mlock = if opts.mlock {
-            Some(Mlock::new(&file).map_err(|source| EngineError::Os {
+            Some(Mlock::new(&file).map_err(|source| ResidencyError::Os {
                 what: format!("--mlock of {model_bytes} bytes (raise `ulimit -l`?)"),
                 source,
             })?)
@@ -224,7 +224,7 @@ impl Weights {
             let why_anon = anon_refused.clone().unwrap_or_default();
             let why_file = rep.note.clone().unwrap_or_default();
             if opts.mode == WeightsMode::Import {
-                return Err(EngineError::ImportFailed(format!(
+                return Err(ResidencyError::ImportFailed(format!(
                     "shard {i} ({}+{} bytes): {why_file}; anonymous memory refused: {why_anon}",
                     s.start, s.len
                 )));
@@ -242,7 +242,7 @@ impl Weights {
             .into_iter()
             .enumerate()
             .map(|(i, b)| {
-                b.ok_or_else(|| EngineError::Unsupported(format!("shard {i} was not loaded")))
+                b.ok_or_else(|| ResidencyError::Unsupported(format!("shard {i} was not loaded")))
             })
             .collect::<Result<_, _>>()?;
 
@@ -393,7 +393,7 @@ impl Weights {
 
     /// Checksums of every tensor's bytes computed by `checksum.comp` through the views
     /// (reads every weight byte on the GPU). Order: file order.
-    pub fn gpu_checksums(&self) -> Result<Vec<[u32; 2]>, EngineError> {
+    pub fn gpu_checksums(&self) -> Result<Vec<[u32; 2]>, ResidencyError> {
         let ctx = &self.ctx;
         let n = self.views.len().max(1) as u64;
         let p = Pipeline::new(
@@ -482,7 +482,7 @@ fn copy_shards(
     file: &GgufFile,
     plan: &ShardPlan,
     which: &[usize],
-) -> Result<Vec<(usize, Buffer)>, EngineError> {
+) -> Result<Vec<(usize, Buffer)>, ResidencyError> {
     let bytes = file.bytes();
     let largest = which.iter().map(|&i| plan.shards[i].len).max().unwrap_or(0);
     let staging_len = largest.clamp(4, STAGING_MAX);

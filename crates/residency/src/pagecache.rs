@@ -127,7 +127,7 @@ pub fn residency(path: &Path) -> Result<Residency, PageCacheError> {
     }
     .map_err(map_err)?;
     let resident_bytes =
-        crate::residency::sys::resident_bytes(&map).map_err(|source| PageCacheError::Mincore {
+        crate::sys::resident_bytes(&map).map_err(|source| PageCacheError::Mincore {
             path: path.to_path_buf(),
             len,
             source,

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use engine::residency::Faults;
-use engine::{ResidencyOptions, Weights, WeightsMode};
 use gguf::GgufFile;
+use residency::Faults;
+use residency::{ResidencyOptions, Weights, WeightsMode};
 use vk::Context;
 
 fn model(name: &str) -> Arc<GgufFile> {
@@ -220,7 +220,7 @@ fn refused_anonymous_memory_falls_back_to_copy_under_auto_and_fails_import() {
 fn auto_imports_on_this_device_and_reports_why() {
     let Some(ctx) = ctx() else { return };
     let file = model("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let want = engine::auto_decision(ctx.caps());
+    let want = residency::auto_decision(ctx.caps());
     let path = if want.mode == WeightsMode::Import {
         "import(file)"
     } else {

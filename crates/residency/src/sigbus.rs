@@ -28,7 +28,7 @@
 //! time, then `_exit(2)` (or `sigaction(2)` to restore the previous handler). It never
 //! allocates, locks or formats.
 //!
-//! This module is one of the engine's named `unsafe` sites (the `sigaction`, `write` and
+//! This module is one of this crate's named `unsafe` sites (the `sigaction`, `write` and
 //! `_exit` calls and the handler's reads), each with a SAFETY comment.
 #![allow(unsafe_code)]
 

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use engine::residency::sigbus;
-use engine::{ResidencyOptions, Weights};
 use gguf::{GgmlType, GgufFile};
+use residency::sigbus;
+use residency::{ResidencyOptions, Weights};
 
 const CHILD: &str = "VKDECODE_SIGBUS_CHILD";
 const CHILD_TEST: &str = "child_process_entry";
@@ -123,7 +123,7 @@ fn rewrite_in_place_is_caught_by_check_file() {
     drop(f);
     let e = w.check_file().unwrap_err();
     assert_eq!(e.path, path);
-    let e: engine::EngineError = e.into();
+    let e: residency::ResidencyError = e.into();
     assert!(e.to_string().contains("changed while mapped"), "{e}");
     drop(w);
     drop(file);

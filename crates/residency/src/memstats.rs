@@ -72,7 +72,7 @@ impl MemStats {
 /// Bytes of `map` (a live mapping, e.g. the model file) resident in memory, by `mincore`.
 /// Returns 0 if the kernel refuses the query.
 pub fn file_resident_bytes(map: &[u8]) -> u64 {
-    crate::residency::sys::resident_bytes(map).unwrap_or(0)
+    crate::sys::resident_bytes(map).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,13 +1,30 @@
-//! Weight residency: every tensor becomes a view `(buffer, offset, range)`; kernels
-//! cannot tell whether the bytes are the file's own pages (import), anonymous memory
-//! read from the file (import of a copy, for drivers that refuse file pages), or a
-//! device-local copy (the baseline). See docs/design.md, "Weight residency".
+//! Weight residency, the reason vkdecode exists: the GGUF file is mapped once and every
+//! tensor becomes a view `(buffer, offset, range)`; kernels cannot tell whether the bytes
+//! are the file's own pages (import), anonymous memory read from the file (import of a
+//! copy, for drivers that refuse file pages), or a device-local copy (the baseline).
+//! See docs/design.md, "Weight residency".
+//!
+//! - [`plan_shards`] / [`plan_for`]: which bytes go into which allocation, within the
+//!   device's limits and the import alignment;
+//! - [`Weights::load`]: the plan carried out (import, else copy) and the tensor views;
+//! - [`auto_decision`]: what `--weights auto` picks on a device, and why;
+//! - [`FileStamp`] and [`sigbus`]: a mapped file that changes or shrinks under the run;
+//! - [`pagecache`] and [`memstats`]: the page-cache and process-memory facts the
+//!   figures are made of.
+//!
+//! Depends on `gguf` and `vk` only. `unsafe` is denied here and allowed in three named
+//! modules, each block with a SAFETY comment: `sys` (sysconf, mincore, the host-pointer
+//! import calls), `sigbus` (the SIGBUS handler: sigaction, write, _exit) and `pagecache`
+//! (fadvise, and the read-only map of a file that is only passed to mincore).
 #![deny(unsafe_code)]
 
+mod error;
+pub mod memstats;
+pub mod pagecache;
 mod plan;
 pub mod sigbus;
 mod stamp;
-pub(crate) mod sys;
+mod sys;
 mod weights;
 
 use std::fmt;
@@ -16,8 +33,8 @@ use std::str::FromStr;
 use serde::Serialize;
 use vk::{BufferBinding, Capabilities, DeviceType};
 
-use crate::EngineError;
-
+pub use error::ResidencyError;
+pub use memstats::MemStats;
 pub use plan::{plan_shards, Placement, PlanError, Shard, ShardPlan};
 pub use stamp::{FileChanged, FileStamp};
 pub use weights::Weights;
@@ -82,7 +99,7 @@ pub struct Faults {
 
 impl Faults {
     /// Parses a comma list of `import-file`, `import-anon`.
-    pub fn parse(s: &str) -> Result<Faults, EngineError> {
+    pub fn parse(s: &str) -> Result<Faults, ResidencyError> {
         let mut f = Faults::default();
         for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
             match item {
@@ -91,7 +108,7 @@ impl Faults {
                 // Read by `vk::Context` itself.
                 "fence-timeout" => {}
                 other => {
-                    return Err(EngineError::Unsupported(format!(
+                    return Err(ResidencyError::Unsupported(format!(
                         "VKDECODE_FAULT entry `{other}` (expected import-file, import-anon, fence-timeout)"
                     )))
                 }
@@ -101,7 +118,7 @@ impl Faults {
     }
 
     /// From the `VKDECODE_FAULT` environment variable (none if unset).
-    pub fn from_env() -> Result<Faults, EngineError> {
+    pub fn from_env() -> Result<Faults, ResidencyError> {
         match std::env::var("VKDECODE_FAULT") {
             Ok(v) => Faults::parse(&v),
             Err(_) => Ok(Faults::default()),
@@ -167,7 +184,7 @@ pub fn plan_for(
     caps: &Capabilities,
     file: &gguf::GgufFile,
     import_cap: Option<u64>,
-) -> Result<ShardPlan, EngineError> {
+) -> Result<ShardPlan, ResidencyError> {
     let g = file.gguf();
     let tensors: Vec<(u64, u64, u64)> = g
         .tensors

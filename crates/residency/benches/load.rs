@@ -5,7 +5,7 @@
 //! (the drop is outside the timed region). The page cache is warm: this measures what
 //! the GPU side costs, not the disk (see `vkdecode bench --cold` for that).
 //!
-//! `cargo bench -p engine --bench load [-- --quick]`. Needs
+//! `cargo bench -p residency --bench load [-- --quick]`. Needs
 //! models/SmolLM2-135M-Instruct.Q8_0.gguf (run models/fetch). No Vulkan device: fails,
 //! unless VKDECODE_ALLOW_NO_GPU=1 (then it prints a note and returns).
 
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use engine::{ResidencyOptions, Weights, WeightsMode};
+use residency::{ResidencyOptions, Weights, WeightsMode};
 use vk::{Context, ContextOptions};
 
 fn load(c: &mut Criterion) {

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use engine::{MemStats, ResidencyOptions, Weights, WeightsMode};
 use gguf::GgufFile;
+use residency::{MemStats, ResidencyOptions, Weights, WeightsMode};
 use vk::{Context, ContextOptions};
 
 const MODEL: &str = "SmolLM2-135M-Instruct.Q8_0.gguf";
