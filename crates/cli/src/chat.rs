@@ -105,25 +105,15 @@ struct Interrupts {
     at_prompt: AtomicU32,
 }
 
-pub fn run(args: Args) -> Result<()> {
-    if args.n_predict == 0 || args.n_predict < -1 {
-        bail!("-n must be positive, or -1 for \"until end of generation\"");
-    }
-    for (name, v, ok) in [
-        ("--temp", args.temp, args.temp.is_finite()),
-        ("--top-p", args.top_p, (0.0..=1.0).contains(&args.top_p)),
-        ("--min-p", args.min_p, (0.0..=1.0).contains(&args.min_p)),
-    ] {
-        if !ok {
-            bail!("{name} {v} is out of range");
-        }
-    }
-    let interrupts = Arc::new(Interrupts {
-        answering: AtomicBool::new(false),
-        cancel: AtomicBool::new(false),
-        at_prompt: AtomicU32::new(0),
-    });
-    {
+impl Interrupts {
+    /// Installs the Ctrl-C handler: while answering it stops the answer; at the prompt
+    /// the first one says how to leave and the second exits.
+    fn install() -> Result<Arc<Interrupts>> {
+        let interrupts = Arc::new(Interrupts {
+            answering: AtomicBool::new(false),
+            cancel: AtomicBool::new(false),
+            at_prompt: AtomicU32::new(0),
+        });
         let i = interrupts.clone();
         ctrlc::set_handler(move || {
             if i.answering.load(Ordering::SeqCst) {
@@ -135,59 +125,22 @@ pub fn run(args: Args) -> Result<()> {
             }
         })
         .context("installing the Ctrl-C handler")?;
+        Ok(interrupts)
     }
+}
 
+pub fn run(args: Args) -> Result<()> {
+    check_args(&args)?;
+    let interrupts = Interrupts::install()?;
     let file = Arc::new(
         gguf::GgufFile::open(&args.model)
             .with_context(|| format!("opening model {}", args.model.display()))?,
     );
     residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let opts = engine::SlotsOptions {
-        slots: 1,
-        ctx: match args.ctx_size {
-            0 => CtxRequest::Model,
-            n => CtxRequest::Exact(n),
-        },
-        device: args.device,
-        session: engine::SessionOptions {
-            weights: engine::ResidencyOptions {
-                mode: args.weights.into(),
-                import_cap: args.import_cap.filter(|_| args.weights != WeightsArg::Copy),
-                mlock: false,
-            },
-            kernels: args.kernels.profile,
-            ..Default::default()
-        },
-        // one submit per token through the one-token pipelines: the answers are those
-        // of `vkdecode -p` on the same rendered prompt
-        batched: false,
-        ..Default::default()
-    };
-    let mut slots = engine::Slots::load(&file, &opts)?;
-    if slots.template().is_none() {
-        bail!("the model file has no chat template (tokenizer.chat_template): `vkdecode chat` needs one; use `vkdecode -p` for plain completion");
-    }
-    let info = slots.info().clone();
-    if let Some(note) = &info.ctx_note {
-        errln!("{note}");
-    }
-    let max_line = max_line_bytes(file.gguf(), info.ctx_per_slot);
-    errln!(
-        "vkdecode chat: {} on {} (weights: {}), context {} tokens (KV cache {}), load {:.0} ms. /help for commands.",
-        args.model.display(),
-        info.device,
-        info.weights_path,
-        info.ctx_per_slot,
-        engine::generate::fit::human(info.kv_bytes),
-        info.load_ms
-    );
-
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
+    let mut slots = load(&args, &file)?;
+    let ctx_tokens = slots.info().ctx_per_slot;
+    let max_line = max_line_bytes(file.gguf(), ctx_tokens);
+    let seed = crate::sampling_args::seed_or_clock(args.seed);
     let mut chat = Chat {
         system: args.system.clone(),
         messages: Vec::new(),
@@ -207,29 +160,11 @@ pub fn run(args: Args) -> Result<()> {
         line_no += 1;
         let line = match read {
             LineRead::Eof => break,
-            LineRead::TooLong(n) => {
-                errln!(
-                    "[line {line_no} is too long: {n} bytes, and the context of {} tokens \
-                     holds at most {max_line} bytes of text; ignored]",
-                    info.ctx_per_slot
-                );
-                continue;
-            }
-            LineRead::Line => match std::str::from_utf8(&bytes) {
-                Ok(text) => text,
-                Err(e) => {
-                    errln!(
-                        "[line {line_no} is not valid UTF-8 (bad byte at offset {}); ignored]",
-                        e.valid_up_to()
-                    );
-                    continue;
-                }
+            read => match usable_line(read, &bytes, line_no, max_line, ctx_tokens) {
+                Some(line) => line,
+                None => continue,
             },
         };
-        let line = line.trim_end_matches('\r');
-        if line.trim().is_empty() {
-            continue;
-        }
         match command(line) {
             Some(Cmd::Quit) => break,
             Some(Cmd::Help) => outln!("{HELP}"),
@@ -245,28 +180,127 @@ pub fn run(args: Args) -> Result<()> {
             Some(Cmd::Stats) => outln!("{}", chat.stats(&slots)),
             Some(Cmd::Unknown(c)) => outln!("[unknown command {c}: /help lists them]"),
             None => {
-                let request = engine::Request {
-                    prompt: Vec::new(),
-                    max_tokens: usize::try_from(args.n_predict).ok(),
-                    sampler: engine::SamplerOptions {
-                        temperature: args.temp,
-                        top_k: args.top_k,
-                        top_p: args.top_p,
-                        min_p: args.min_p,
-                        repeat_penalty: 1.0,
-                        repeat_last_n: 64,
-                        seed: seed.wrapping_add(chat.turns),
-                        ..engine::SamplerOptions::default()
-                    },
-                    stop: Vec::new(),
-                    ignore_eos: false,
-                    prompt_logprobs: None,
-                };
+                let request = request(&args, seed.wrapping_add(chat.turns));
                 chat.turn(&mut slots, line, request, &interrupts)?;
             }
         }
     }
     Ok(())
+}
+
+/// The checks of the flags that need no model.
+fn check_args(args: &Args) -> Result<()> {
+    if args.n_predict == 0 || args.n_predict < -1 {
+        bail!("-n must be positive, or -1 for \"until end of generation\"");
+    }
+    for (name, v, ok) in [
+        ("--temp", args.temp, args.temp.is_finite()),
+        ("--top-p", args.top_p, (0.0..=1.0).contains(&args.top_p)),
+        ("--min-p", args.min_p, (0.0..=1.0).contains(&args.min_p)),
+    ] {
+        if !ok {
+            bail!("{name} {v} is out of range");
+        }
+    }
+    Ok(())
+}
+
+/// One slot over the model, decoding one token per submit through the one-token
+/// pipelines (the answers are those of `vkdecode -p` on the same rendered prompt); a
+/// model without a chat template is refused. Says what was loaded.
+fn load(args: &Args, file: &Arc<gguf::GgufFile>) -> Result<engine::Slots> {
+    let opts = engine::SlotsOptions {
+        slots: 1,
+        ctx: match args.ctx_size {
+            0 => CtxRequest::Model,
+            n => CtxRequest::Exact(n),
+        },
+        device: args.device,
+        session: engine::SessionOptions {
+            weights: engine::ResidencyOptions {
+                mode: args.weights.into(),
+                import_cap: args.import_cap.filter(|_| args.weights != WeightsArg::Copy),
+                mlock: false,
+            },
+            kernels: args.kernels.profile,
+            ..Default::default()
+        },
+        batched: false,
+        ..Default::default()
+    };
+    let slots = engine::Slots::load(file, &opts)?;
+    if slots.template().is_none() {
+        bail!("the model file has no chat template (tokenizer.chat_template): `vkdecode chat` needs one; use `vkdecode -p` for plain completion");
+    }
+    let info = slots.info();
+    if let Some(note) = &info.ctx_note {
+        errln!("{note}");
+    }
+    errln!(
+        "vkdecode chat: {} on {} (weights: {}), context {} tokens (KV cache {}), load {:.0} ms. /help for commands.",
+        args.model.display(),
+        info.device,
+        info.weights_path,
+        info.ctx_per_slot,
+        engine::generate::fit::human(info.kv_bytes),
+        info.load_ms
+    );
+    Ok(slots)
+}
+
+/// The text of line `line_no` as read into `bytes`, or `None` (said on stderr) for a
+/// line too long for the context, one that is not UTF-8, or a blank one.
+fn usable_line(
+    read: LineRead,
+    bytes: &[u8],
+    line_no: u64,
+    max_line: usize,
+    ctx_tokens: usize,
+) -> Option<&str> {
+    let line = match read {
+        LineRead::Line => match std::str::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => {
+                errln!(
+                    "[line {line_no} is not valid UTF-8 (bad byte at offset {}); ignored]",
+                    e.valid_up_to()
+                );
+                return None;
+            }
+        },
+        LineRead::TooLong(n) => {
+            errln!(
+                "[line {line_no} is too long: {n} bytes, and the context of {ctx_tokens} tokens \
+                 holds at most {max_line} bytes of text; ignored]"
+            );
+            return None;
+        }
+        LineRead::Eof => return None,
+    };
+    let line = line.trim_end_matches('\r');
+    (!line.trim().is_empty()).then_some(line)
+}
+
+/// A turn's request as the flags ask (the prompt is the conversation, rendered by the
+/// turn).
+fn request(args: &Args, seed: u64) -> engine::Request {
+    engine::Request {
+        prompt: Vec::new(),
+        max_tokens: usize::try_from(args.n_predict).ok(),
+        sampler: engine::SamplerOptions {
+            temperature: args.temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed,
+            ..engine::SamplerOptions::default()
+        },
+        stop: Vec::new(),
+        ignore_eos: false,
+        prompt_logprobs: None,
+    }
 }
 
 /// The longest line worth tokenising: a token stands for at most as many bytes of text

@@ -182,40 +182,19 @@ pub fn run(args: Args) -> Result<()> {
     let Some(model_path) = args.model.clone() else {
         bail!("no model given: use -m FILE.gguf (see `vkdecode --help`; `models/fetch` gets the default model)");
     };
-    let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(p), _) => p.clone(),
-        (None, Some(_)) => String::new(),
-        (None, None) => bail!("no prompt given: use -p \"text\""),
-    };
-    if prompt.is_empty() && args.prompt_ids.is_none() {
-        bail!("the prompt is empty: give some text with -p");
-    }
-    if args.n_predict == 0 || args.n_predict < -1 {
-        bail!("-n must be positive, or -1 for \"until end of generation\"");
-    }
+    let prompt = checked_prompt(&args)?;
     crate::sampling_args::validate(&args.sampling)?;
     // A grammar or schema that does not compile is reported before the model loads.
     let grammar = crate::sampling_args::grammar(&args.sampling)?;
     // Open the stats file first: a bad path is reported before the generation, not after.
-    let mut stats_file = match &args.stats_json {
+    let stats_file = match &args.stats_json {
         Some(path) => Some(
             crate::out_path::create(path)
                 .with_context(|| format!("--stats-json: cannot write {}", path.display()))?,
         ),
         None => None,
     };
-    // Set by Ctrl-C; the generator stops at the next prefill chunk or token.
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let flag = cancel.clone();
-        ctrlc::set_handler(move || {
-            // a second Ctrl-C does not wait for the next chunk or token
-            if flag.swap(true, Ordering::SeqCst) {
-                std::process::exit(EXIT_INTERRUPTED);
-            }
-        })
-        .context("installing the Ctrl-C handler")?;
-    }
+    let cancel = cancel_on_ctrl_c()?;
 
     let file = Arc::new(
         gguf::GgufFile::open(&model_path)
@@ -227,7 +206,101 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("reading {}", model_path.display()))?;
     let tok =
         Arc::new(tokenizer::Tokenizer::from_gguf(file.gguf()).context("building the tokenizer")?);
-    let prompt_ids = match &args.prompt_ids {
+    let prompt_ids = prompt_ids(&args, &file, &tok, &prompt)?;
+
+    let (forward, info) = load_backend(&args, &file)?;
+    if let Some(note) = &info.ctx_note {
+        errln!("{note}");
+    }
+    if prompt_ids.len() >= info.ctx_len {
+        bail!(
+            "the prompt is {} tokens but the context holds {}: raise -c (the model was trained on {}) or shorten the prompt",
+            prompt_ids.len(),
+            info.ctx_len,
+            file_context_length(&file)
+        );
+    }
+    let mut generator = engine::Generator::new(forward, tok.clone());
+    // Between chunks and tokens: stop with an error if the model file was rewritten in
+    // place (a rename leaves the mapped pages intact and is not flagged).
+    generator.set_guard(Box::new(move || stamp.check().map_err(Into::into)));
+    let opts = generate_options(&args, grammar, &tok, &cancel);
+    let gen = stream(&args, &mut generator, &prompt_ids, &opts)?;
+    match gen.stop {
+        engine::StopReason::ContextFull => errln!(
+            "\n[stopped: the context of {} tokens is full; raise -c]",
+            info.ctx_len
+        ),
+        engine::StopReason::Cancelled => errln!("\n[interrupted]"),
+        _ => {}
+    }
+
+    let run = Finished {
+        args: &args,
+        model_path: &model_path,
+        file: &file,
+        info: &info,
+        generator: &generator,
+        gen: &gen,
+        opts: &opts,
+    };
+    run.report(stats_file)?;
+    if gen.stop == engine::StopReason::Cancelled {
+        std::process::exit(EXIT_INTERRUPTED);
+    }
+    Ok(())
+}
+
+/// `-c`: absent, 2048 positions (or the model's context if smaller); 0, the model's
+/// trained context (capped to what fits); else exactly that many.
+pub fn ctx_request(ctx_size: Option<usize>) -> CtxRequest {
+    match ctx_size {
+        None => CtxRequest::Default(2048),
+        Some(0) => CtxRequest::Model,
+        Some(n) => CtxRequest::Exact(n),
+    }
+}
+
+/// The prompt text of `-p` (empty with `--prompt-ids`), after the checks that need no
+/// model: a prompt given and not empty, `-n` in range.
+fn checked_prompt(args: &Args) -> Result<String> {
+    let prompt = match (&args.prompt, &args.prompt_ids) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => String::new(),
+        (None, None) => bail!("no prompt given: use -p \"text\""),
+    };
+    if prompt.is_empty() && args.prompt_ids.is_none() {
+        bail!("the prompt is empty: give some text with -p");
+    }
+    if args.n_predict == 0 || args.n_predict < -1 {
+        bail!("-n must be positive, or -1 for \"until end of generation\"");
+    }
+    Ok(prompt)
+}
+
+/// A flag Ctrl-C sets; the generator stops at the next prefill chunk or token. A second
+/// Ctrl-C exits at once.
+fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(EXIT_INTERRUPTED);
+        }
+    })
+    .context("installing the Ctrl-C handler")?;
+    Ok(cancel)
+}
+
+/// The prompt's token ids: `--prompt-ids` as given, `--chat` through the model's chat
+/// template, else the text tokenized.
+fn prompt_ids(
+    args: &Args,
+    file: &gguf::GgufFile,
+    tok: &tokenizer::Tokenizer,
+    prompt: &str,
+) -> Result<Vec<u32>> {
+    let ids = match &args.prompt_ids {
         Some(list) => parse_ids(list, tok.vocab_size())?,
         None if args.chat => {
             let template = tokenizer::ChatTemplate::from_gguf(file.gguf())?
@@ -236,29 +309,26 @@ pub fn run(args: Args) -> Result<()> {
             if let Some(system) = &args.system {
                 messages.push(tokenizer::Message::new("system", system.clone()));
             }
-            messages.push(tokenizer::Message::new("user", prompt.clone()));
-            engine::generate::chat_prompt_ids(&tok, &template, &messages, args.special)?
+            messages.push(tokenizer::Message::new("user", prompt.to_string()));
+            engine::generate::chat_prompt_ids(tok, &template, &messages, args.special)?
         }
-        None => tok.encode(&prompt, true, args.special)?,
+        None => tok.encode(prompt, true, args.special)?,
     };
-    if prompt_ids.is_empty() {
+    if ids.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
+    Ok(ids)
+}
 
-    let temp = args
-        .sampling
-        .temp
-        .unwrap_or(if args.backend == Backend::Reference {
-            0.0
-        } else {
-            0.8
-        });
-    let seed = args.sampling.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
+/// The forward pass `--backend` and `--check` ask for, loaded with the options of the
+/// command line.
+fn load_backend(
+    args: &Args,
+    file: &Arc<gguf::GgufFile>,
+) -> Result<(
+    Box<dyn engine::generate::Forward>,
+    engine::generate::BackendInfo,
+)> {
     let load_opts = engine::generate::LoadOptions {
         device: args.device,
         session: engine::SessionOptions {
@@ -275,70 +345,71 @@ pub fn run(args: Args) -> Result<()> {
             column_split: !args.no_column_split,
             kernels: args.kernels.profile,
         },
-        ctx: match args.ctx_size {
-            None => CtxRequest::Default(2048),
-            Some(0) => CtxRequest::Model,
-            Some(n) => CtxRequest::Exact(n),
-        },
+        ctx: ctx_request(args.ctx_size),
         budget_cap: None,
     };
-    let (forward, info) = match (args.backend, args.check) {
-        (Backend::Reference, _) => cpu_backend::load_reference(&file, load_opts.ctx)?,
-        (Backend::Vulkan, true) => cpu_backend::load_checked(&file, &load_opts)?,
+    Ok(match (args.backend, args.check) {
+        (Backend::Reference, _) => cpu_backend::load_reference(file, load_opts.ctx)?,
+        (Backend::Vulkan, true) => cpu_backend::load_checked(file, &load_opts)?,
         (Backend::Vulkan, false) => {
-            let loaded = engine::generate::load(&file, &load_opts)?;
+            let loaded = engine::generate::load(file, &load_opts)?;
             (
                 Box::new(loaded.session) as Box<dyn engine::generate::Forward>,
                 loaded.info,
             )
         }
+    })
+}
+
+/// What to generate and how to sample: the defaults llama.cpp's Vulkan backend has
+/// (temperature 0.8; 0 on the reference backend), a seed from the clock unless given.
+fn generate_options(
+    args: &Args,
+    grammar: Option<Arc<grammar::CompiledGrammar>>,
+    tok: &tokenizer::Tokenizer,
+    cancel: &Arc<AtomicBool>,
+) -> engine::GenerateOptions {
+    let default_temp = if args.backend == Backend::Reference {
+        0.0
+    } else {
+        0.8
     };
-    if let Some(note) = &info.ctx_note {
-        errln!("{note}");
-    }
-    let ctx_len = info.ctx_len;
-    if prompt_ids.len() >= ctx_len {
-        bail!(
-            "the prompt is {} tokens but the context holds {ctx_len}: raise -c (the model was trained on {}) or shorten the prompt",
-            prompt_ids.len(),
-            file_context_length(&file)
-        );
-    }
-    let mut generator = engine::Generator::new(forward, tok.clone());
-    // Between chunks and tokens: stop with an error if the model file was rewritten in
-    // place (a rename leaves the mapped pages intact and is not flagged).
-    generator.set_guard(Box::new(move || stamp.check().map_err(Into::into)));
-    let opts = engine::GenerateOptions {
+    let seed = crate::sampling_args::seed_or_clock(args.sampling.seed);
+    let s = &args.sampling;
+    engine::GenerateOptions {
         max_tokens: usize::try_from(args.n_predict).ok(),
         ignore_eos: args.ignore_eos,
         stop: args.stop.clone(),
         sampler: engine::SamplerOptions {
-            temperature: temp,
-            top_k: args.sampling.top_k,
-            top_p: args.sampling.top_p,
-            min_p: args.sampling.min_p,
-            repeat_penalty: args.sampling.repeat_penalty,
-            repeat_last_n: args.sampling.repeat_last_n,
-            frequency_penalty: args.sampling.frequency_penalty,
-            presence_penalty: args.sampling.presence_penalty,
-            logit_bias: args
-                .sampling
-                .logit_bias
-                .iter()
-                .map(|b| (b.token, b.bias))
-                .collect(),
+            temperature: s.temp.unwrap_or(default_temp),
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            logit_bias: s.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
             logprobs: None,
             seed,
             grammar: grammar
-                .map(|g| engine::Constraint::new(g, Arc::new(engine::grammar_vocab(&tok)))),
+                .map(|g| engine::Constraint::new(g, Arc::new(engine::grammar_vocab(tok)))),
         },
         cancel: Some(cancel.clone()),
-    };
+    }
+}
 
-    // Generate, streaming the text.
+/// Generates, streaming the text to stdout (unless `--no-display`) and `--check`'s
+/// per-step differences to stderr.
+fn stream(
+    args: &Args,
+    generator: &mut engine::Generator,
+    prompt_ids: &[u32],
+    opts: &engine::GenerateOptions,
+) -> Result<engine::Generation> {
     let mut out = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
-    let gen = generator.generate(&prompt_ids, &opts, &mut |event| {
+    let gen = generator.generate(prompt_ids, opts, &mut |event| {
         match event {
             engine::Event::Text(t) if !args.no_display => {
                 if let Err(e) = out.write_all(t.as_bytes()).and_then(|()| out.flush()) {
@@ -359,117 +430,135 @@ pub fn run(args: Args) -> Result<()> {
     if !args.no_display {
         writeln!(out)?;
     }
-    drop(out);
-    let interrupted = gen.stop == engine::StopReason::Cancelled;
-    match gen.stop {
-        engine::StopReason::ContextFull => {
-            errln!("\n[stopped: the context of {ctx_len} tokens is full; raise -c]")
+    Ok(gen)
+}
+
+/// A finished run, for its report.
+struct Finished<'a> {
+    args: &'a Args,
+    model_path: &'a std::path::Path,
+    file: &'a gguf::GgufFile,
+    info: &'a engine::generate::BackendInfo,
+    generator: &'a engine::Generator,
+    gen: &'a engine::Generation,
+    opts: &'a engine::GenerateOptions,
+}
+
+impl Finished<'_> {
+    /// The figures on stderr (`--stats`: all of them as JSON; `--profile`: per kernel)
+    /// and in `--stats-json`'s file. Memory is read after `--bench-barrier`'s `loaded`.
+    fn report(&self, stats_file: Option<std::fs::File>) -> Result<()> {
+        let barrier = (self.args.bench_barrier.as_deref())
+            .map(Barrier::parse)
+            .transpose()?;
+        if let Some(b) = &barrier {
+            b.wait("loaded")?;
         }
-        engine::StopReason::Cancelled => errln!("\n[interrupted]"),
-        _ => {}
+        let mem = MemoryReport::read(self.file.bytes())?;
+        if let Some(b) = &barrier {
+            b.wait("measured")?;
+        }
+        let stats = self.stats_json(&mem);
+        let (info, t) = (self.info, &self.gen.stats);
+        errln!();
+        errln!(
+            "device: {} | kernels: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
+            info.device,
+            info.kernels,
+            stats["weights_mode"].as_str().unwrap_or(""),
+            info.weights_path,
+            info.load_ms,
+            info.weights_load_ms,
+            t.ttft_ms
+        );
+        errln!(
+            "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+            t.n_prompt,
+            t.prefill_tok_s(),
+            t.n_generated.saturating_sub(1),
+            t.decode_tok_s()
+        );
+        errln!("{}", mem.summary());
+        if self.args.stats {
+            errln!("{}", serde_json::to_string_pretty(&stats)?);
+        }
+        if self.args.profile {
+            self.print_profile();
+        }
+        if let (Some(mut f), Some(path)) = (stats_file, &self.args.stats_json) {
+            f.write_all((serde_json::to_string_pretty(&stats)? + "\n").as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
     }
 
-    // Stats.
-    let t = &gen.stats;
-    let barrier = args
-        .bench_barrier
-        .as_deref()
-        .map(Barrier::parse)
-        .transpose()?;
-    if let Some(b) = &barrier {
-        b.wait("loaded")?;
+    /// Every figure of the run, as `--stats` and `--stats-json` write them.
+    fn stats_json(&self, mem: &MemoryReport) -> serde_json::Value {
+        let (args, info, gen, t) = (self.args, self.info, self.gen, &self.gen.stats);
+        let weights_mode = if args.backend == Backend::Reference {
+            "none".to_string()
+        } else {
+            format!("{:?}", args.weights).to_lowercase()
+        };
+        let mut stats = json!({
+            "backend": info.backend,
+            "model": self.model_path.display().to_string(),
+            "model_bytes": self.file.bytes().len(),
+            "device": info.device,
+            "driver": info.driver,
+            "weights_mode": weights_mode,
+            "weights_path": info.weights_path,
+            "kernels": info.kernels,
+            "kernels_why": info.kernels_why,
+            "device_bytes": info.device_bytes,
+            "kv_bytes": info.kv_bytes,
+            "load_ms": info.load_ms,
+            "weights_load_ms": info.weights_load_ms,
+            "ttft_ms": t.ttft_ms,
+            "prefill_ms": t.prefill_ms,
+            "decode_ms": t.decode_ms,
+            "prefill_tok_s": t.prefill_tok_s(),
+            "decode_tok_s": t.decode_tok_s(),
+            "n_prompt": gen.prompt_ids.len(),
+            "n_generated": gen.ids.len(),
+            "stop_reason": gen.stop.as_str(),
+            "ctx_len": info.ctx_len,
+            "temp": self.opts.sampler.temperature,
+            "seed": self.opts.sampler.seed,
+            "prompt_ids": gen.prompt_ids,
+            "generated_ids": gen.ids,
+            "text": self.generator.tokenizer().decode(&gen.ids),
+        });
+        mem.add_to(&mut stats);
+        if let Some(c) = self.generator.forward().counters() {
+            stats["host_waits"] = json!(c.host_waits);
+            stats["bytes_read_back"] = json!(c.bytes_read_back);
+        }
+        if args.check {
+            stats["check_max_logit_diff"] = json!(t.max_check_diff.unwrap_or(0.0));
+        }
+        stats
     }
-    let mem = MemoryReport::read(file.bytes())?;
-    if let Some(b) = &barrier {
-        b.wait("measured")?;
-    }
-    let mut stats = json!({
-        "backend": info.backend,
-        "model": model_path.display().to_string(),
-        "model_bytes": file.bytes().len(),
-        "device": info.device,
-        "driver": info.driver,
-        "weights_mode": if args.backend == Backend::Reference { "none".to_string() } else { format!("{:?}", args.weights).to_lowercase() },
-        "weights_path": info.weights_path,
-        "kernels": info.kernels,
-        "kernels_why": info.kernels_why,
-        "device_bytes": info.device_bytes,
-        "kv_bytes": info.kv_bytes,
-        "load_ms": info.load_ms,
-        "weights_load_ms": info.weights_load_ms,
-        "ttft_ms": t.ttft_ms,
-        "prefill_ms": t.prefill_ms,
-        "decode_ms": t.decode_ms,
-        "prefill_tok_s": t.prefill_tok_s(),
-        "decode_tok_s": t.decode_tok_s(),
-        "n_prompt": gen.prompt_ids.len(),
-        "n_generated": gen.ids.len(),
-        "stop_reason": gen.stop.as_str(),
-        "ctx_len": ctx_len,
-        "temp": temp,
-        "seed": seed,
-        "prompt_ids": gen.prompt_ids,
-        "generated_ids": gen.ids,
-        "text": tok.decode(&gen.ids),
-    });
-    mem.add_to(&mut stats);
-    if let Some(c) = generator.forward().counters() {
-        stats["host_waits"] = json!(c.host_waits);
-        stats["bytes_read_back"] = json!(c.bytes_read_back);
-    }
-    if args.check {
-        stats["check_max_logit_diff"] = json!(t.max_check_diff.unwrap_or(0.0));
-    }
-    errln!();
-    errln!(
-        "device: {} | kernels: {} | weights: {} -> {} | load {:.0} ms (weights {:.1} ms) | ttft {:.0} ms",
-        info.device,
-        info.kernels,
-        stats["weights_mode"].as_str().unwrap_or(""),
-        info.weights_path,
-        info.load_ms,
-        info.weights_load_ms,
-        t.ttft_ms
-    );
-    errln!(
-        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
-        t.n_prompt,
-        t.prefill_tok_s(),
-        t.n_generated.saturating_sub(1),
-        t.decode_tok_s()
-    );
-    errln!("{}", mem.summary());
-    if args.stats {
-        errln!("{}", serde_json::to_string_pretty(&stats)?);
-    }
-    if args.profile {
-        match generator.forward().session() {
-            None => errln!("--profile needs the Vulkan backend"),
-            Some(s) => {
-                if let Some((n, rows)) = s.profile_last_prefill_chunk() {
-                    errln!("profile: the last prefill chunk ({n} tokens)");
-                    crate::stats::print_profile(&rows);
-                }
-                match s.profile_last_token() {
-                    Some(rows) => {
-                        errln!("profile: one decode token");
-                        crate::stats::print_profile(&rows)
-                    }
-                    None => {
-                        errln!("no profile recorded (the device has no timestamp support?)")
-                    }
-                }
+
+    /// `--profile`: per-kernel GPU times of the last prefill chunk and of one decode
+    /// token.
+    fn print_profile(&self) {
+        let Some(s) = self.generator.forward().session() else {
+            errln!("--profile needs the Vulkan backend");
+            return;
+        };
+        if let Some((n, rows)) = s.profile_last_prefill_chunk() {
+            errln!("profile: the last prefill chunk ({n} tokens)");
+            crate::stats::print_profile(&rows);
+        }
+        match s.profile_last_token() {
+            Some(rows) => {
+                errln!("profile: one decode token");
+                crate::stats::print_profile(&rows)
             }
+            None => errln!("no profile recorded (the device has no timestamp support?)"),
         }
     }
-    if let (Some(f), Some(path)) = (&mut stats_file, &args.stats_json) {
-        f.write_all((serde_json::to_string_pretty(&stats)? + "\n").as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if interrupted {
-        std::process::exit(EXIT_INTERRUPTED);
-    }
-    Ok(())
 }
 
 /// The model's trained context, for messages.

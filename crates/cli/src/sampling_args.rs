@@ -186,6 +186,16 @@ pub fn parse_logit_bias(s: &str) -> Result<LogitBias, String> {
     Ok(LogitBias { token, bias })
 }
 
+/// `--seed`, else one taken from the clock (reported in the stats).
+pub fn seed_or_clock(seed: Option<u64>) -> u64 {
+    seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse_logit_bias, LogitBias};

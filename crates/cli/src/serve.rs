@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
-use engine::generate::CtxRequest;
 
 use crate::stats::parse_size;
 
@@ -133,23 +132,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.parallel == 0 {
-        bail!("--parallel must be at least 1");
-    }
-    let n_predict = match args.n_predict {
-        -1 => None,
-        n if n >= 1 => Some(n as usize),
-        n => bail!("-n/--n-predict must be -1 (no limit) or at least 1 (got {n})"),
-    };
-    if args.queue == 0 {
-        bail!("--queue must be at least 1");
-    }
-    if args.ctx_size == Some(1) {
-        bail!("--ctx-size 1 is too small: a slot needs at least 2 positions (a prompt token and a generated one); use -c 2 or more, or -c 0 for the model's own context");
-    }
-    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
-        bail!("--shutdown-grace must be 0 or more seconds");
-    }
+    let n_predict = checked_n_predict(&args)?;
     let api_key = api_key(args.api_key.as_deref())?;
     if api_key.is_none() && !is_loopback(&args.host) {
         errln!(
@@ -163,22 +146,6 @@ pub fn run(args: Args) -> Result<()> {
         body_timeout: seconds("--body-timeout", args.body_timeout)?,
         idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
     };
-    let mut allowed_hosts: Vec<String> = args
-        .allowed_hosts
-        .iter()
-        .filter(|h| !h.trim().is_empty())
-        .map(|h| server::guard::normal_host(h))
-        .collect();
-    allowed_hosts.push(server::guard::normal_host(&args.host));
-    let access = server::Access {
-        allowed_hosts,
-        cors_origins: args
-            .cors_origins
-            .iter()
-            .filter(|o| !o.trim().is_empty())
-            .map(|o| server::guard::normal_origin(o))
-            .collect(),
-    };
     let max_body = usize::try_from(args.max_body).context("--max-body is too large")?;
     let path = &args.model;
     let file = Arc::new(
@@ -186,57 +153,18 @@ pub fn run(args: Args) -> Result<()> {
     );
     // a SIGBUS in the mapping (the file shrank under the server) names the file, exit 74
     residency::sigbus::install(&file).context("installing the SIGBUS handler")?;
-    let template = match &args.chat_template_file {
-        Some(f) => {
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("--chat-template-file: cannot read {}", f.display()))?;
-            Some(
-                tokenizer::ChatTemplate::new(text)
-                    .with_context(|| format!("--chat-template-file {}", f.display()))?,
-            )
-        }
-        None => tokenizer::ChatTemplate::from_gguf(file.gguf())
-            .context("reading the model's chat template")?,
-    };
-    if template.is_none() {
-        errln!("note: the model has no chat template: /v1/chat/completions answers 400, use /v1/completions");
-    }
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = file_name
-        .strip_suffix(".gguf")
-        .unwrap_or(&file_name)
-        .to_string();
-    let model_id = args.alias.clone().unwrap_or_else(|| stem.clone());
+    let template = chat_template(&args, &file)?;
+    let names = ModelNames::of(path, args.alias.as_deref());
 
-    let slots_opts = server::SlotsOptions {
-        slots: args.parallel,
-        ctx: match args.ctx_size {
-            None => CtxRequest::Default(2048),
-            Some(0) => CtxRequest::Model,
-            Some(n) => CtxRequest::Exact(n),
-        },
-        device: args.device,
-        session: engine::SessionOptions {
-            weights: engine::ResidencyOptions {
-                mode: args.weights.into(),
-                ..Default::default()
-            },
-            kernels: args.kernels.profile,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
     let metrics = Arc::new(server::Metrics::default());
     // before every engine step: stop with an error if the model file was rewritten in
     // place (as the main command checks between chunks and tokens)
-    let stamp = residency::FileStamp::take(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let stamp =
+        residency::FileStamp::take(path).with_context(|| format!("reading {}", path.display()))?;
     let guard: server::scheduler::Guard =
         Box::new(move || stamp.check().map_err(|e| e.to_string()));
     let build_file = file.clone();
+    let slots_opts = slots_options(&args);
     // the HTTP side (tokenize, detokenize, chat prompts) shares the engine's tokenizer
     let (scheduler, (info, tok), engine_thread) = server::Scheduler::spawn(
         move || {
@@ -254,7 +182,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     errln!(
         "vkdecode serve: {} on {} | kernels {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
-        model_id,
+        names.id,
         info.device,
         info.kernels,
         info.weights_path,
@@ -265,15 +193,15 @@ pub fn run(args: Args) -> Result<()> {
         info.load_ms,
     );
     let opts = server::ServerOptions {
-        model_id: model_id.clone(),
-        model_aliases: vec![file_name, stem, path.display().to_string()],
+        model_id: names.id,
+        model_aliases: names.aliases,
         api_key,
         max_body,
         queue: args.queue,
         ctx_len: info.ctx_per_slot,
         n_slots: args.parallel,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
-        access,
+        access: access(&args),
         limits,
         seed: args.seed,
         n_predict,
@@ -282,7 +210,117 @@ pub fn run(args: Args) -> Result<()> {
     let state = Arc::new(server::AppState::new(
         opts, scheduler, tok, template, metrics,
     ));
+    listen(&args, state)?;
+    // every handle on the queue is gone: the engine thread ends once its jobs have
+    engine_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    errln!("vkdecode serve: stopped");
+    Ok(())
+}
 
+/// `-n` as the server's default token limit (`None`: no limit), after the checks of
+/// the flags that need no model.
+fn checked_n_predict(args: &Args) -> Result<Option<usize>> {
+    if args.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if args.queue == 0 {
+        bail!("--queue must be at least 1");
+    }
+    if args.ctx_size == Some(1) {
+        bail!("--ctx-size 1 is too small: a slot needs at least 2 positions (a prompt token and a generated one); use -c 2 or more, or -c 0 for the model's own context");
+    }
+    if !(args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0) {
+        bail!("--shutdown-grace must be 0 or more seconds");
+    }
+    match args.n_predict {
+        -1 => Ok(None),
+        n if n >= 1 => Ok(Some(n as usize)),
+        n => bail!("-n/--n-predict must be -1 (no limit) or at least 1 (got {n})"),
+    }
+}
+
+/// Which hosts and origins may reach the server: `--allowed-host` and the bound host;
+/// `--cors-origin`.
+fn access(args: &Args) -> server::Access {
+    let mut allowed_hosts: Vec<String> = (args.allowed_hosts.iter())
+        .filter(|h| !h.trim().is_empty())
+        .map(|h| server::guard::normal_host(h))
+        .collect();
+    allowed_hosts.push(server::guard::normal_host(&args.host));
+    server::Access {
+        allowed_hosts,
+        cors_origins: (args.cors_origins.iter())
+            .filter(|o| !o.trim().is_empty())
+            .map(|o| server::guard::normal_origin(o))
+            .collect(),
+    }
+}
+
+/// `--chat-template-file`, else the model's own template (none: chat completions are
+/// refused, said once here).
+fn chat_template(args: &Args, file: &gguf::GgufFile) -> Result<Option<tokenizer::ChatTemplate>> {
+    let template = match &args.chat_template_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("--chat-template-file: cannot read {}", f.display()))?;
+            Some(
+                tokenizer::ChatTemplate::new(text)
+                    .with_context(|| format!("--chat-template-file {}", f.display()))?,
+            )
+        }
+        None => tokenizer::ChatTemplate::from_gguf(file.gguf())
+            .context("reading the model's chat template")?,
+    };
+    if template.is_none() {
+        errln!("note: the model has no chat template: /v1/chat/completions answers 400, use /v1/completions");
+    }
+    Ok(template)
+}
+
+/// The names requests may give the model: its id (`--alias`, else the file's stem) and
+/// the aliases also accepted (file name, stem, path).
+struct ModelNames {
+    id: String,
+    aliases: Vec<String>,
+}
+
+impl ModelNames {
+    fn of(path: &std::path::Path, alias: Option<&str>) -> ModelNames {
+        let file_name = (path.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = (file_name.strip_suffix(".gguf"))
+            .unwrap_or(&file_name)
+            .to_string();
+        ModelNames {
+            id: alias.map_or_else(|| stem.clone(), str::to_string),
+            aliases: vec![file_name, stem, path.display().to_string()],
+        }
+    }
+}
+
+/// The engine's slots as the flags ask.
+fn slots_options(args: &Args) -> server::SlotsOptions {
+    server::SlotsOptions {
+        slots: args.parallel,
+        ctx: crate::run::ctx_request(args.ctx_size),
+        device: args.device,
+        session: engine::SessionOptions {
+            weights: engine::ResidencyOptions {
+                mode: args.weights.into(),
+                ..Default::default()
+            },
+            kernels: args.kernels.profile,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Binds `--host:--port` and serves until a signal asks the server to stop.
+fn listen(args: &Args, state: Arc<server::AppState>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -298,14 +336,7 @@ pub fn run(args: Args) -> Result<()> {
         server::serve(listener, state, shutdown_signal())
             .await
             .context("serving")
-    })?;
-    drop(runtime);
-    // every handle on the queue is gone: the engine thread ends once its jobs have
-    engine_thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
-    errln!("vkdecode serve: stopped");
-    Ok(())
+    })
 }
 
 /// The API key: `--api-key`, else `VKDECODE_API_KEY`; an empty one is refused (it would
