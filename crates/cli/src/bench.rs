@@ -178,27 +178,8 @@ in the kitchen, one for every year, and on winter nights he sometimes opened an 
 and read about storms that nobody else remembered.";
 
 pub fn run(args: Args) -> Result<()> {
-    if args.modes.is_empty() {
-        bail!("--modes needs at least one of import, copy, auto");
-    }
-    if args.repetitions == 0 {
-        bail!("-r/--repetitions must be at least 1");
-    }
-    if args.prompt_tokens == 0 || args.decode_tokens == 0 {
-        bail!("-p and -n must be at least 1 token");
-    }
-    if args.procs.contains(&0) {
-        bail!("--procs takes counts of at least 1");
-    }
-    // A typo in an output path must not throw away a whole benchmark.
-    if let Some(path) = &args.json {
-        check_output("--json", path)?;
-    }
-    if let Some(path) = &args.plot {
-        check_output("--plot", path)?;
-    }
+    check_args(&args)?;
     let arms = plan_arms(&args.modes, args.sync_each_layer);
-
     let file = gguf::GgufFile::open(&args.model)
         .with_context(|| format!("opening model {}", args.model.display()))?;
     let alignment = file.gguf().alignment;
@@ -216,7 +197,6 @@ pub fn run(args: Args) -> Result<()> {
     // and leaves with 128 + the signal, reporting nothing.
     signals::catch().context("installing the signal handlers")?;
     let interrupted = || signals::count(libc::SIGINT) > 0 || signals::termination().is_some();
-
     // The janitor removes the directory even if the bench is killed outright (SIGKILL).
     let tmp = TempDir::guarded("vkdecode-bench", &exe)?;
     let (procs, grouped) = if args.procs.is_empty() {
@@ -224,121 +204,39 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         (args.procs.clone(), true)
     };
-    // The ids go to the children through a file: a long prompt (`-p 100000`) on the
-    // command line fails with "Argument list too long".
-    let ids_file = tmp.path().join("prompt_ids.txt");
-    let ids_list = prompt_ids
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    std::fs::write(&ids_file, ids_list)
-        .with_context(|| format!("writing {}", ids_file.display()))?;
-    let ids_arg = format!("@{}", ids_file.display());
-    errln!(
-        "bench: {} ({:.1} MB), arms {}, {} repetition(s), prompt {} tokens ({}), decode {} tokens{}{}",
-        args.model.display(),
-        file_size as f64 / 1e6,
-        arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(" / "),
-        args.repetitions,
+    let ids_arg = write_ids(tmp.path(), &prompt_ids)?;
+    announce(
+        &args,
+        file_size,
+        &arms,
         prompt_ids.len(),
-        prompt_source,
-        args.decode_tokens,
-        if grouped {
-            format!(", --procs {}", procs.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","))
-        } else {
-            String::new()
-        },
-        if args.cold {
-            ", cold: the model file is evicted from the page cache before each run"
-        } else {
-            ", warm page cache"
-        }
+        &prompt_source,
+        &procs,
     );
 
-    let mut runs = Vec::new();
-    let mut groups = Vec::new();
-    let total = procs.len() * args.repetitions * arms.len();
-    let mut seq = 0;
-    let mut warned_eviction = false;
+    let mut schedule = Schedule {
+        args: &args,
+        arms: &arms,
+        exe: &exe,
+        ids_arg: &ids_arg,
+        tmp: tmp.path(),
+        grouped,
+        total: procs.len() * args.repetitions * arms.len(),
+        runs: Vec::new(),
+        groups: Vec::new(),
+        warned_eviction: false,
+    };
     'schedule: for &n in &procs {
         for repetition in 0..args.repetitions {
-            for (arm_index, arm) in arms.iter().enumerate() {
+            for arm in 0..arms.len() {
                 if interrupted() {
                     break 'schedule;
                 }
-                let dir = tmp.path().join(format!("run{seq}"));
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                if args.cold {
-                    residency::pagecache::evict(&args.model)
-                        .context("--cold: evicting the model from the page cache")?;
-                }
-                let residency_at_start = match residency::pagecache::residency(&args.model) {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        errln!("warning: {e}");
-                        None
-                    }
-                };
-                if let Some(r) = residency_at_start.filter(|r| args.cold && r.fraction() > 0.5) {
-                    if !warned_eviction {
-                        errln!(
-                            "warning: --cold: {:.0}% of the model is still in the page cache after eviction \
-                             (tmpfs, or another process maps it)",
-                            100.0 * r.fraction()
-                        );
-                        warned_eviction = true;
-                    }
-                }
-                let spec = GroupSpec {
-                    exe: &exe,
-                    args: child_args(&args, arm, &ids_arg),
-                    n,
-                    barrier: grouped,
-                    timeout: Duration::from_secs(args.timeout),
-                    dir: &dir,
-                    stderr_tail_bytes: 4096,
-                };
-                let result = child::run_group(&spec, &interrupted)?;
-                let group = GroupRecord {
-                    arm: arm_index,
-                    procs: n,
-                    repetition,
-                    seq,
-                    mem_available_before_kb: result.mem_available_before_kb,
-                    mem_available_loaded_kb: result.mem_available_loaded_kb,
-                    all_reached_barrier: result.all_reached_barrier,
-                };
-                let new_runs: Vec<RunRecord> = result
-                    .children
-                    .into_iter()
-                    .enumerate()
-                    .map(|(process, child)| RunRecord {
-                        arm: arm_index,
-                        procs: n,
-                        repetition,
-                        process,
-                        seq,
-                        evicted: args.cold,
-                        residency_at_start,
-                        child,
-                    })
-                    .collect();
-                errln!(
-                    "[{}/{total}] {}",
-                    seq + 1,
-                    report::progress_line(arm, &group, &new_runs, grouped)
-                );
-                runs.extend(new_runs);
-                groups.push(group);
-                // Let the directory go now: it holds the children's stats and stderr.
-                let _ = std::fs::remove_dir_all(&dir);
-                seq += 1;
+                schedule.group(arm, n, repetition, &interrupted)?;
             }
         }
     }
-
+    let (runs, groups) = (schedule.runs, schedule.groups);
     if let Some(sig) = signals::termination() {
         leave_on_signal(sig, tmp, runs.len());
     }
@@ -355,26 +253,200 @@ pub fn run(args: Args) -> Result<()> {
         grouped,
         interrupted: interrupted(),
     };
-    let summary = report::Summary::new(&bench);
-    outln!("{}", table::table(&bench, &summary));
+    publish(&bench, &exe, &ids_arg, tmp)
+}
+
+/// The checks of the flags that need no model; an output path that cannot be written is
+/// refused before a benchmark is spent on it.
+fn check_args(args: &Args) -> Result<()> {
+    if args.modes.is_empty() {
+        bail!("--modes needs at least one of import, copy, auto");
+    }
+    if args.repetitions == 0 {
+        bail!("-r/--repetitions must be at least 1");
+    }
+    if args.prompt_tokens == 0 || args.decode_tokens == 0 {
+        bail!("-p and -n must be at least 1 token");
+    }
+    if args.procs.contains(&0) {
+        bail!("--procs takes counts of at least 1");
+    }
     if let Some(path) = &args.json {
-        let json = json::to_json(&bench, &summary);
+        check_output("--json", path)?;
+    }
+    if let Some(path) = &args.plot {
+        check_output("--plot", path)?;
+    }
+    Ok(())
+}
+
+/// Writes the prompt's ids for the children into `dir`, returning the `@FILE` argument:
+/// a long prompt (`-p 100000`) on the command line fails with "Argument list too long".
+fn write_ids(dir: &Path, ids: &[u32]) -> Result<String> {
+    let ids_file = dir.join("prompt_ids.txt");
+    let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>();
+    std::fs::write(&ids_file, list.join(","))
+        .with_context(|| format!("writing {}", ids_file.display()))?;
+    Ok(format!("@{}", ids_file.display()))
+}
+
+/// Says on stderr what is about to run.
+fn announce(
+    args: &Args,
+    file_size: u64,
+    arms: &[Arm],
+    n_prompt: usize,
+    prompt_source: &str,
+    procs: &[usize],
+) {
+    let names = arms.iter().map(|a| a.name.as_str()).collect::<Vec<_>>();
+    let procs = if args.procs.is_empty() {
+        String::new()
+    } else {
+        let list = procs.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        format!(", --procs {}", list.join(","))
+    };
+    let cache = if args.cold {
+        ", cold: the model file is evicted from the page cache before each run"
+    } else {
+        ", warm page cache"
+    };
+    errln!(
+        "bench: {} ({:.1} MB), arms {}, {} repetition(s), prompt {n_prompt} tokens ({prompt_source}), decode {} tokens{procs}{cache}",
+        args.model.display(),
+        file_size as f64 / 1e6,
+        names.join(" / "),
+        args.repetitions,
+        args.decode_tokens,
+    );
+}
+
+/// The runs so far, and what each next group of runs needs.
+struct Schedule<'a> {
+    args: &'a Args,
+    arms: &'a [Arm],
+    exe: &'a Path,
+    ids_arg: &'a str,
+    tmp: &'a Path,
+    grouped: bool,
+    /// Groups in the whole schedule, for the progress lines.
+    total: usize,
+    runs: Vec<RunRecord>,
+    groups: Vec<GroupRecord>,
+    warned_eviction: bool,
+}
+
+impl Schedule<'_> {
+    /// Runs one group: `n` children of arm `arm` at once (one without `--procs`), after
+    /// evicting the file with `--cold`, and records their figures.
+    fn group(
+        &mut self,
+        arm: usize,
+        n: usize,
+        repetition: usize,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<()> {
+        let args = self.args;
+        let seq = self.groups.len();
+        let dir = self.tmp.join(format!("run{seq}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let residency_at_start = self.page_cache_before()?;
+        let spec = GroupSpec {
+            exe: self.exe,
+            args: child_args(args, &self.arms[arm], self.ids_arg),
+            n,
+            barrier: self.grouped,
+            timeout: Duration::from_secs(args.timeout),
+            dir: &dir,
+            stderr_tail_bytes: 4096,
+        };
+        let result = child::run_group(&spec, interrupted)?;
+        let group = GroupRecord {
+            arm,
+            procs: n,
+            repetition,
+            seq,
+            mem_available_before_kb: result.mem_available_before_kb,
+            mem_available_loaded_kb: result.mem_available_loaded_kb,
+            all_reached_barrier: result.all_reached_barrier,
+        };
+        let new_runs: Vec<RunRecord> = (result.children.into_iter().enumerate())
+            .map(|(process, child)| RunRecord {
+                arm,
+                procs: n,
+                repetition,
+                process,
+                seq,
+                evicted: args.cold,
+                residency_at_start,
+                child,
+            })
+            .collect();
+        errln!(
+            "[{}/{}] {}",
+            seq + 1,
+            self.total,
+            report::progress_line(&self.arms[arm], &group, &new_runs, self.grouped)
+        );
+        self.runs.extend(new_runs);
+        self.groups.push(group);
+        // Let the directory go now: it holds the children's stats and stderr.
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// With `--cold`, evicts the model from the page cache; then how much of it is there
+    /// (warned once if eviction left most of it).
+    fn page_cache_before(&mut self) -> Result<Option<residency::pagecache::Residency>> {
+        let model = &self.args.model;
+        if self.args.cold {
+            residency::pagecache::evict(model)
+                .context("--cold: evicting the model from the page cache")?;
+        }
+        let at_start = match residency::pagecache::residency(model) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                errln!("warning: {e}");
+                None
+            }
+        };
+        if let Some(r) = at_start.filter(|r| self.args.cold && r.fraction() > 0.5) {
+            if !self.warned_eviction {
+                errln!(
+                    "warning: --cold: {:.0}% of the model is still in the page cache after eviction \
+                     (tmpfs, or another process maps it)",
+                    100.0 * r.fraction()
+                );
+                self.warned_eviction = true;
+            }
+        }
+        Ok(at_start)
+    }
+}
+
+/// The table on stdout, `--json` and `--plot`, `--profile`'s extra runs; an error when
+/// the bench was interrupted or a run failed.
+fn publish(bench: &Bench, exe: &Path, ids_arg: &str, tmp: TempDir) -> Result<()> {
+    let args = &bench.args;
+    let summary = report::Summary::new(bench);
+    outln!("{}", table::table(bench, &summary));
+    if let Some(path) = &args.json {
+        let json = json::to_json(bench, &summary);
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         errln!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
-        plot::draw(&bench, &summary, path)?;
+        plot::draw(bench, &summary, path)?;
         errln!("wrote {}", path.display());
     }
     if args.profile && !bench.interrupted {
-        profile::run(&bench, &exe, &ids_arg, tmp.path())?;
+        profile::run(bench, exe, ids_arg, tmp.path())?;
         if let Some(sig) = signals::termination() {
             leave_on_signal(sig, tmp, bench.runs.len());
         }
     }
     drop(tmp);
-
     let failed = bench.runs.iter().filter(|r| r.child.stats.is_err()).count();
     if bench.interrupted {
         bail!(
