@@ -68,7 +68,7 @@ fn every_module_passes_spirv_val() {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&k) = all.get(i) else { break };
                 let path = dir.join(format!("{}.spv", k.name()));
-                std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(k.spirv())).unwrap();
+                std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&k.spirv())).unwrap();
                 for env in ["vulkan1.2", "vulkan1.3"] {
                     if let Err(msg) = validate(&exe, env, &path) {
                         failures
@@ -138,7 +138,7 @@ fn every_module_unpacks_to_what_glslc_wrote() {
         let spv = Path::new(env!("OUT_DIR")).join(format!("{}.spv", k.name()));
         let compiled = std::fs::read(&spv).unwrap_or_else(|e| panic!("{}: {e}", spv.display()));
         assert!(
-            bytemuck::cast_slice::<u32, u8>(words) == compiled.as_slice(),
+            bytemuck::cast_slice::<u32, u8>(&words) == compiled.as_slice(),
             "{} unpacks to other words than {}",
             k.name(),
             spv.display()

@@ -20,8 +20,8 @@
 //! - Packing: one zstd frame per group of modules ([`group_of`]: the stem and first
 //!   variant part, `matmul.q8_0`), since the variants of one shader share most of their
 //!   bytes and compress together to a sixth, where each alone only shrinks to two
-//!   sevenths. `vk::ShaderPack` unpacks a group the first time one of its modules is
-//!   asked for, so a model unpacks only the weight types it has.
+//!   sevenths. `vk::Shader::spirv` unpacks its group when a pipeline is created from it
+//!   and keeps nothing, so a model unpacks only the weight types it has, once per pipeline.
 //!
 //! `GLSLC` overrides the compiler's path.
 

@@ -529,10 +529,14 @@ fn make_objects(
         dev.destroy_pipeline_layout(layout, None);
         dev.destroy_descriptor_set_layout(set_layout, None);
     };
-    let code: &[u32] = key
-        .replaced
-        .as_deref()
-        .unwrap_or_else(|| desc.kernel.spirv());
+    let embedded;
+    let code: &[u32] = match key.replaced.as_deref() {
+        Some(c) => c,
+        None => {
+            embedded = desc.kernel.spirv();
+            &embedded
+        }
+    };
     let mod_info = vk::ShaderModuleCreateInfo::default().code(code);
     // SAFETY: `code` is SPIR-V produced by glslc at build time, unless a developer set
     // VKDECODE_SPIRV_DIR: a replacement is checked for the SPIR-V header only, and its

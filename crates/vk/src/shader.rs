@@ -1,11 +1,10 @@
 //! SPIR-V modules as the build embeds them: [`Shader`] (one module, its name and the
 //! descriptor type of each binding) and [`ShaderPack`] (a zstd frame of similar modules,
-//! unpacked the first time one of them is asked for). Build scripts generate static
+//! unpacked whenever one of them is asked for, and not kept). Build scripts generate static
 //! tables of both with the `shader-build` crate; this crate's own table holds the
 //! checksum kernel ([`CHECKSUM`]), the engine's holds its kernel registry.
 
 use std::hash::{Hash, Hasher};
-use std::sync::OnceLock;
 
 use crate::DescriptorKind;
 
@@ -25,23 +24,12 @@ pub struct ShaderPack {
     words: usize,
     /// The zstd frame.
     zst: &'static [u8],
-    /// The words, once a module of the pack was asked for.
-    unpacked: OnceLock<Vec<u32>>,
 }
 
 impl ShaderPack {
     /// A pack of `words` words compressed into `zst` (generated code calls this).
     pub const fn new(name: &'static str, words: usize, zst: &'static [u8]) -> ShaderPack {
-        ShaderPack {
-            name,
-            words,
-            zst,
-            unpacked: OnceLock::new(),
-        }
-    }
-
-    fn words(&self) -> &[u32] {
-        self.unpacked.get_or_init(|| self.unpack())
+        ShaderPack { name, words, zst }
     }
 
     fn unpack(&self) -> Vec<u32> {
@@ -112,10 +100,10 @@ impl Shader {
         self.kinds
     }
 
-    /// The SPIR-V words (the first call for a module of a pack unpacks that pack).
-    pub fn spirv(&self) -> &'static [u32] {
-        let pack: &'static ShaderPack = self.pack;
-        &pack.words()[self.start..self.end]
+    /// The SPIR-V words, unpacked from the pack on each call (a pipeline is created
+    /// once; keeping every unpacked pack would hold megabytes for the whole run).
+    pub fn spirv(&self) -> Vec<u32> {
+        self.pack.unpack()[self.start..self.end].to_vec()
     }
 }
 
