@@ -744,8 +744,9 @@ fn every_kernel_builds_a_pipeline() {
         assert_eq!(kernel.shader(), Some(shader), "{kernel:?}");
     }
     for k in kernels::shaders() {
+        let words = k.spirv();
         assert!(
-            k.spirv().len() > 5 && k.spirv()[0] == 0x0723_0203,
+            words.len() > 5 && words[0] == 0x0723_0203,
             "{} is not SPIR-V",
             k.name()
         );

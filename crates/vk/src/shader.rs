@@ -103,7 +103,10 @@ impl Shader {
     /// The SPIR-V words, unpacked from the pack on each call (a pipeline is created
     /// once; keeping every unpacked pack would hold megabytes for the whole run).
     pub fn spirv(&self) -> Vec<u32> {
-        self.pack.unpack()[self.start..self.end].to_vec()
+        let mut words = self.pack.unpack();
+        words.truncate(self.end);
+        words.drain(..self.start);
+        words
     }
 }
 
