@@ -185,37 +185,43 @@ fn float(g: &Gguf, key: &str) -> Option<f32> {
     g.get_f32(key).ok()
 }
 
-/// Builds the report from a parsed file.
-pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
-    let arch = g.architecture().ok().map(str::to_owned);
-    let a = arch.clone().unwrap_or_default();
-    let key = |k: &str| format!("{a}.{k}");
-    let n_tokens = g
-        .get("tokenizer.ggml.tokens")
-        .and_then(Value::as_array)
-        .map(|v| v.len() as u64);
-    let hyperparameters = HyperParams {
-        block_count: uint(g, &key("block_count")),
-        embedding_length: uint(g, &key("embedding_length")),
-        feed_forward_length: uint(g, &key("feed_forward_length")),
-        head_count: uint(g, &key("attention.head_count")),
-        head_count_kv: uint(g, &key("attention.head_count_kv"))
-            .or_else(|| uint(g, &key("attention.head_count"))),
-        rope_freq_base: float(g, &key("rope.freq_base")),
-        rms_eps: float(g, &key("attention.layer_norm_rms_epsilon")),
-        context_length: uint(g, &key("context_length")),
-        vocab_size: uint(g, &key("vocab_size")).or(n_tokens),
-    };
-    let tokenizer = TokenizerSummary {
-        model: g.get_str("tokenizer.ggml.model").ok().map(str::to_owned),
-        pre: g.get_str("tokenizer.ggml.pre").ok().map(str::to_owned),
-        vocab_size: n_tokens,
-        bos_token_id: uint(g, "tokenizer.ggml.bos_token_id"),
-        eos_token_id: uint(g, "tokenizer.ggml.eos_token_id"),
-        has_chat_template: g.get_str("tokenizer.chat_template").is_ok(),
-    };
+impl HyperParams {
+    /// The `{arch}.*` hyper-parameters, as the file states them.
+    fn of(g: &Gguf, arch: &str, n_tokens: Option<u64>) -> HyperParams {
+        let key = |k: &str| format!("{arch}.{k}");
+        HyperParams {
+            block_count: uint(g, &key("block_count")),
+            embedding_length: uint(g, &key("embedding_length")),
+            feed_forward_length: uint(g, &key("feed_forward_length")),
+            head_count: uint(g, &key("attention.head_count")),
+            head_count_kv: uint(g, &key("attention.head_count_kv"))
+                .or_else(|| uint(g, &key("attention.head_count"))),
+            rope_freq_base: float(g, &key("rope.freq_base")),
+            rms_eps: float(g, &key("attention.layer_norm_rms_epsilon")),
+            context_length: uint(g, &key("context_length")),
+            vocab_size: uint(g, &key("vocab_size")).or(n_tokens),
+        }
+    }
+}
+
+impl TokenizerSummary {
+    /// The `tokenizer.*` keys, as the file states them.
+    fn of(g: &Gguf, n_tokens: Option<u64>) -> TokenizerSummary {
+        TokenizerSummary {
+            model: g.get_str("tokenizer.ggml.model").ok().map(str::to_owned),
+            pre: g.get_str("tokenizer.ggml.pre").ok().map(str::to_owned),
+            vocab_size: n_tokens,
+            bos_token_id: uint(g, "tokenizer.ggml.bos_token_id"),
+            eos_token_id: uint(g, "tokenizer.ggml.eos_token_id"),
+            has_chat_template: g.get_str("tokenizer.chat_template").is_ok(),
+        }
+    }
+}
+
+/// A row per tensor (with whether the GPU kernels read it), and the totals per type.
+fn tensor_rows(g: &Gguf) -> (Vec<TensorRow>, BTreeMap<String, TypeTotal>) {
     let mut totals: BTreeMap<String, TypeTotal> = BTreeMap::new();
-    let tensors: Vec<TensorRow> = g
+    let tensors = g
         .tensors
         .iter()
         .map(|t| {
@@ -235,6 +241,19 @@ pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
             }
         })
         .collect();
+    (tensors, totals)
+}
+
+/// Builds the report from a parsed file.
+pub fn report(path: &str, g: &Gguf, with_metadata: bool) -> Report {
+    let arch = g.architecture().ok().map(str::to_owned);
+    let n_tokens = g
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .map(|v| v.len() as u64);
+    let hyperparameters = HyperParams::of(g, arch.as_deref().unwrap_or_default(), n_tokens);
+    let tokenizer = TokenizerSummary::of(g, n_tokens);
+    let (tensors, totals) = tensor_rows(g);
     Report {
         path: path.to_string(),
         file_size: g.file_size,
@@ -314,6 +333,15 @@ fn print_text(r: &Report) {
             outln!("  {k:<40} {v}");
         }
     }
+    print_tensors(r);
+    match &r.gpu_refusal {
+        None => outln!("gpu           reads every tensor the forward pass needs"),
+        Some(why) => outln!("gpu           refused: {why}"),
+    }
+}
+
+/// The tensor table, then the totals per type.
+fn print_tensors(r: &Report) {
     outln!("tensors ({})", r.tensor_count);
     let width = r
         .tensors
@@ -369,10 +397,6 @@ fn print_text(r: &Report) {
         r.parameters,
         r.tensor_bytes
     );
-    match &r.gpu_refusal {
-        None => outln!("gpu           reads every tensor the forward pass needs"),
-        Some(why) => outln!("gpu           refused: {why}"),
-    }
 }
 
 pub fn run(args: Args) -> Result<()> {

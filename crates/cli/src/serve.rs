@@ -140,12 +140,7 @@ pub fn run(args: Args) -> Result<()> {
             args.host
         );
     }
-    let limits = server::ConnLimits {
-        max_connections: max_connections(args.max_connections)?,
-        header_timeout: seconds("--header-timeout", args.header_timeout)?,
-        body_timeout: seconds("--body-timeout", args.body_timeout)?,
-        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
-    };
+    let limits = conn_limits(&args)?;
     let max_body = usize::try_from(args.max_body).context("--max-body is too large")?;
     let path = &args.model;
     let file = Arc::new(
@@ -180,18 +175,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(note) = &info.ctx_note {
         errln!("{note}");
     }
-    errln!(
-        "vkdecode serve: {} on {} | kernels {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
-        names.id,
-        info.device,
-        info.kernels,
-        info.weights_path,
-        args.parallel,
-        info.ctx_per_slot,
-        info.kv_bytes_per_slot as f64 / (1 << 20) as f64,
-        (info.kv_bytes_per_slot * args.parallel as u64) as f64 / (1 << 20) as f64,
-        info.load_ms,
-    );
+    announce(&names.id, &info, args.parallel);
     let opts = server::ServerOptions {
         model_id: names.id,
         model_aliases: names.aliases,
@@ -217,6 +201,32 @@ pub fn run(args: Args) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
     errln!("vkdecode serve: stopped");
     Ok(())
+}
+
+/// The connection limits of `--max-connections` and the three timeouts.
+fn conn_limits(args: &Args) -> Result<server::ConnLimits> {
+    Ok(server::ConnLimits {
+        max_connections: max_connections(args.max_connections)?,
+        header_timeout: seconds("--header-timeout", args.header_timeout)?,
+        body_timeout: seconds("--body-timeout", args.body_timeout)?,
+        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+    })
+}
+
+/// The line that says what was loaded, on what, and how the KV cache is split.
+fn announce(id: &str, info: &server::SlotsInfo, parallel: usize) {
+    errln!(
+        "vkdecode serve: {} on {} | kernels {} | weights {} | {} slot(s) x {} tokens, KV cache {:.1} MiB per slot ({:.1} MiB in all) | load {:.0} ms",
+        id,
+        info.device,
+        info.kernels,
+        info.weights_path,
+        parallel,
+        info.ctx_per_slot,
+        info.kv_bytes_per_slot as f64 / (1 << 20) as f64,
+        (info.kv_bytes_per_slot * parallel as u64) as f64 / (1 << 20) as f64,
+        info.load_ms,
+    );
 }
 
 /// `-n` as the server's default token limit (`None`: no limit), after the checks of

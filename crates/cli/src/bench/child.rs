@@ -203,8 +203,47 @@ pub fn run_group(spec: &GroupSpec, interrupted: &dyn Fn() -> bool) -> Result<Gro
             .with_context(|| format!("creating {}", barrier_dir.display()))?;
     }
     let mem_available_before_kb = mem_available_kb();
-    let mut running: Vec<Running> = Vec::new();
-    let mut spawn_failures: Vec<ChildResult> = Vec::new();
+    let (mut running, spawn_failures) = spawn_all(spec, &barrier_dir)?;
+    let mut barrier = Barrier::new(&barrier_dir, spec.barrier, spawn_failures.len());
+    let deadline = Instant::now() + spec.timeout;
+    // when a SIGTERM or SIGHUP was passed on to the children
+    let mut passed_on: Option<Instant> = None;
+    loop {
+        pass_on_termination(&mut running, &mut passed_on);
+        for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
+            }
+        }
+        barrier.poll(&running, interrupted() || Instant::now() > deadline)?;
+        if running.iter().all(|r| r.exit.is_some()) {
+            break;
+        }
+        if Instant::now() > deadline {
+            kill_late(&mut running);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let mut children: Vec<ChildResult> = running
+        .into_iter()
+        .map(|r| finish(r, spec.timeout, spec.stderr_tail_bytes))
+        .collect();
+    children.extend(spawn_failures);
+    Ok(GroupResult {
+        children,
+        mem_available_before_kb,
+        mem_available_loaded_kb: barrier.mem_available_loaded_kb,
+        all_reached_barrier: barrier.all_reached && spec.barrier,
+    })
+}
+
+/// Starts the group's `spec.n` children: those running, and a result for each that
+/// could not be started.
+fn spawn_all(spec: &GroupSpec, barrier_dir: &Path) -> Result<(Vec<Running>, Vec<ChildResult>)> {
+    let mut running = Vec::new();
+    let mut spawn_failures = Vec::new();
     for i in 0..spec.n {
         let stats_path = spec.dir.join(format!("stats.{i}.json"));
         let stderr_path = spec.dir.join(format!("stderr.{i}.txt"));
@@ -222,7 +261,7 @@ pub fn run_group(spec: &GroupSpec, interrupted: &dyn Fn() -> bool) -> Result<Gro
             .stdout(Stdio::null())
             .stderr(stderr);
         if spec.barrier {
-            let mut b = barrier_dir.clone().into_os_string();
+            let mut b = barrier_dir.to_path_buf().into_os_string();
             b.push(format!(":{}", spec.n + 1));
             cmd.arg("--bench-barrier").arg(b);
         }
@@ -250,102 +289,117 @@ pub fn run_group(spec: &GroupSpec, interrupted: &dyn Fn() -> bool) -> Result<Gro
             }),
         }
     }
+    Ok((running, spawn_failures))
+}
 
-    // The barrier wants n + 1 members; children that failed to start are stood in for.
-    let mut stand_ins = 0usize;
-    let mut stand_in = |stage: &str| -> Result<()> {
-        stand_ins += 1;
-        let p = barrier_dir.join(format!("{stage}.standin{stand_ins}"));
+/// A SIGTERM or SIGHUP caught by this process goes on to every child still running;
+/// those still running a grace period later are killed.
+fn pass_on_termination(running: &mut [Running], passed_on: &mut Option<Instant>) {
+    match (*passed_on, signals::termination()) {
+        (None, Some(sig)) => {
+            for r in running.iter().filter(|r| r.exit.is_none()) {
+                let _ = signals::send(r.pid, sig);
+            }
+            *passed_on = Some(Instant::now());
+        }
+        (Some(at), _) if at.elapsed() > crate::supervise::GRACE => {
+            for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+                let _ = r.child.kill();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Kills every child still running past the deadline and waits for it.
+fn kill_late(running: &mut [Running]) {
+    for r in running.iter_mut().filter(|r| r.exit.is_none()) {
+        let _ = r.child.kill();
+        r.killed_by_bench = true;
+        if let Ok(status) = r.child.wait() {
+            r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
+        }
+    }
+}
+
+/// The parent's side of the file barrier: n + 1 members meet at `loaded`, then at
+/// `measured`. It releases the children once every one has loaded or died (or the wait
+/// is stopped), reading MemAvailable while all of them are loaded, and stands in for
+/// every child that will never arrive (never started, or died before a stage).
+struct Barrier<'a> {
+    dir: &'a Path,
+    /// The children were started with `--bench-barrier` (else nothing to wait for).
+    enabled: bool,
+    /// The parent has arrived at both stages.
+    released: bool,
+    /// Every child reached `loaded` (so far).
+    all_reached: bool,
+    /// Children that never started.
+    never_started: usize,
+    /// Stand-in files written so far (their names are numbered).
+    stand_ins: usize,
+    /// Children already stood in for at `measured`.
+    measured_stand_ins: BTreeSet<u32>,
+    mem_available_loaded_kb: Option<u64>,
+}
+
+impl<'a> Barrier<'a> {
+    fn new(dir: &'a Path, enabled: bool, never_started: usize) -> Barrier<'a> {
+        Barrier {
+            dir,
+            enabled,
+            released: !enabled,
+            all_reached: enabled,
+            never_started,
+            stand_ins: 0,
+            measured_stand_ins: BTreeSet::new(),
+            mem_available_loaded_kb: None,
+        }
+    }
+
+    fn stand_in(&mut self, stage: &str) -> Result<()> {
+        self.stand_ins += 1;
+        let p = self.dir.join(format!("{stage}.standin{}", self.stand_ins));
         std::fs::write(&p, b"").with_context(|| format!("writing {}", p.display()))
-    };
-    let deadline = Instant::now() + spec.timeout;
-    let mut released = !spec.barrier;
-    let mut all_reached_barrier = spec.barrier;
-    let mut mem_available_loaded_kb = None;
-    let mut measured_stand_ins: BTreeSet<u32> = BTreeSet::new();
-    // when a SIGTERM or SIGHUP was passed on to the children
-    let mut passed_on: Option<Instant> = None;
-    loop {
-        match (passed_on, signals::termination()) {
-            (None, Some(sig)) => {
-                for r in running.iter().filter(|r| r.exit.is_none()) {
-                    let _ = signals::send(r.pid, sig);
-                }
-                passed_on = Some(Instant::now());
-            }
-            (Some(at), _) if at.elapsed() > crate::supervise::GRACE => {
-                for r in running.iter_mut().filter(|r| r.exit.is_none()) {
-                    let _ = r.child.kill();
-                }
-            }
-            _ => {}
-        }
-        for r in running.iter_mut().filter(|r| r.exit.is_none()) {
-            if let Ok(Some(status)) = r.child.try_wait() {
-                r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
-            }
-        }
-        if !released {
-            let loaded = pids_at(&barrier_dir, "loaded");
+    }
+
+    /// One look at the barrier; `stop`: release it now, whoever is missing.
+    fn poll(&mut self, running: &[Running], stop: bool) -> Result<()> {
+        if !self.released {
+            let loaded = pids_at(self.dir, "loaded");
             let gone_before: Vec<u32> = running
                 .iter()
                 .filter(|r| r.exit.is_some() && !loaded.contains(&r.pid))
                 .map(|r| r.pid)
                 .collect();
             let present = running.iter().filter(|r| loaded.contains(&r.pid)).count();
-            let stop = interrupted() || Instant::now() > deadline;
             if present + gone_before.len() >= running.len() || stop {
                 if present == running.len() && !stop {
-                    mem_available_loaded_kb = mem_available_kb();
+                    self.mem_available_loaded_kb = mem_available_kb();
                 } else {
-                    all_reached_barrier = false;
+                    self.all_reached = false;
                 }
                 // Stand in for every child that will never arrive, then arrive ourselves.
-                for _ in 0..(spawn_failures.len() + gone_before.len()) {
-                    stand_in("loaded")?;
-                    stand_in("measured")?;
+                for _ in 0..(self.never_started + gone_before.len()) {
+                    self.stand_in("loaded")?;
+                    self.stand_in("measured")?;
                 }
-                measured_stand_ins.extend(gone_before);
-                stand_in("loaded")?;
-                stand_in("measured")?;
-                released = true;
+                self.measured_stand_ins.extend(gone_before);
+                self.stand_in("loaded")?;
+                self.stand_in("measured")?;
+                self.released = true;
             }
-        } else if spec.barrier {
+        } else if self.enabled {
             // A child that dies between the two stages would hold the others: stand in.
-            let measured = pids_at(&barrier_dir, "measured");
+            let measured = pids_at(self.dir, "measured");
             for r in running.iter().filter(|r| r.exit.is_some()) {
-                if !measured.contains(&r.pid) && measured_stand_ins.insert(r.pid) {
-                    stand_in("measured")?;
+                if !measured.contains(&r.pid) && self.measured_stand_ins.insert(r.pid) {
+                    self.stand_in("measured")?;
                 }
             }
         }
-        if running.iter().all(|r| r.exit.is_some()) {
-            break;
-        }
-        if Instant::now() > deadline {
-            for r in running.iter_mut().filter(|r| r.exit.is_none()) {
-                let _ = r.child.kill();
-                r.killed_by_bench = true;
-                if let Ok(status) = r.child.wait() {
-                    r.exit = Some((status, r.started.elapsed().as_secs_f64() * 1e3));
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+        Ok(())
     }
-
-    let mut children: Vec<ChildResult> = running
-        .into_iter()
-        .map(|r| finish(r, spec.timeout, spec.stderr_tail_bytes))
-        .collect();
-    children.extend(spawn_failures);
-    Ok(GroupResult {
-        children,
-        mem_available_before_kb,
-        mem_available_loaded_kb,
-        all_reached_barrier: all_reached_barrier && spec.barrier,
-    })
 }
 
 /// Pids of the children that wrote `{stage}.{pid}` in the barrier dir.

@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::report::{group_value, run_value, ProcsSummary, Summary};
 use super::stats::Spread;
-use super::{Bench, RunRecord};
+use super::{Arm, Bench, GroupRecord, RunRecord};
 
 fn spread_json(s: &Spread) -> Value {
     json!({"median": s.median, "min": s.min, "max": s.max, "n": s.n})
@@ -102,102 +102,21 @@ pub fn first_stat(b: &Bench, arm: Option<usize>, keys: &[&str]) -> Value {
 
 /// The whole benchmark as JSON (see benches/README.md).
 pub fn to_json(b: &Bench, summary: &Summary) -> Value {
-    let mut arms = Map::new();
-    for (i, arm) in b.arms.iter().enumerate() {
-        let runs: Vec<Value> = b
-            .runs
-            .iter()
-            .filter(|r| r.arm == i && r.child.stats.is_ok())
-            .map(|r| run_json(b, r))
-            .collect();
-        let failures: Vec<Value> = b
-            .runs
-            .iter()
-            .filter(|r| r.arm == i && r.child.stats.is_err())
-            .map(|r| run_json(b, r))
-            .collect();
-        let mut a = json!({
-            "mode": arm.mode.as_str(),
-            "sync_each_layer": arm.sync_each_layer,
-            "runs": runs,
-            "failures": failures,
-        });
-        if b.grouped {
-            a["groups"] = b
-                .groups
-                .iter()
-                .filter(|g| g.arm == i)
-                .map(|g| {
-                    json!({
-                        "procs": g.procs,
-                        "repetition": g.repetition,
-                        "seq": g.seq,
-                        "mem_available_before_kb": g.mem_available_before_kb,
-                        "mem_available_loaded_kb": g.mem_available_loaded_kb,
-                        "mem_available_drop_kb": group_value(g, &b.runs, "mem_available_drop_kb"),
-                        "sum_pss_kb": group_value(g, &b.runs, "sum_pss_kb"),
-                        "all_reached_barrier": g.all_reached_barrier,
-                        "failed": b.runs.iter().filter(|r| r.seq == g.seq && r.child.stats.is_err()).count(),
-                        "per_process_decode_tok_s": b
-                            .runs
-                            .iter()
-                            .filter(|r| r.seq == g.seq)
-                            .map(|r| run_value(r, "decode_tok_s"))
-                            .collect::<Vec<_>>(),
-                    })
-                })
-                .collect();
-        }
-        arms.insert(arm.name.clone(), a);
-    }
+    let arms: Map<String, Value> = b
+        .arms
+        .iter()
+        .enumerate()
+        .map(|(i, arm)| (arm.name.clone(), arm_json(b, i, arm)))
+        .collect();
     let weights_path: Map<String, Value> = b
         .arms
         .iter()
         .enumerate()
         .map(|(i, a)| (a.name.clone(), first_stat(b, Some(i), &["weights_path"])))
         .collect();
-    let first = summary.by_procs.first();
-    let mut summary_json = json!({
-        "arms": first.map(|p| procs_summary_json(b, p)["arms"].clone()).unwrap_or(Value::Null),
-        "ratios": first.map(|p| procs_summary_json(b, p)["ratios"].clone()).unwrap_or(Value::Null),
-        "differences": first
-            .map(|p| procs_summary_json(b, p)["differences"].clone())
-            .unwrap_or(Value::Null),
-    });
-    if b.grouped {
-        summary_json["procs"] = summary
-            .by_procs
-            .iter()
-            .map(|p| procs_summary_json(b, p))
-            .collect();
-    }
-    // The speed figures by themselves, per arm: medians over the runs of time to first
-    // token, prefill and decode tok/s, and of the per-run prefill/decode ratio.
-    let speed: Map<String, Value> = b
-        .arms
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let med = |k: &str| {
-                first
-                    .and_then(|p| p.arms[i].get(k))
-                    .map_or(Value::Null, |s| json!(s.median))
-            };
-            (
-                a.name.clone(),
-                json!({
-                    "prompt_tokens": b.args.prompt_tokens,
-                    "ttft_ms": med("ttft_ms"),
-                    "prefill_tok_s": med("prefill_tok_s"),
-                    "decode_tok_s": med("decode_tok_s"),
-                    "prefill_over_decode": med("prefill_over_decode"),
-                }),
-            )
-        })
-        .collect();
     json!({
         "arms": arms,
-        "speed": speed,
+        "speed": speed_json(b, summary),
         "device": first_stat(b, None, &["device"]),
         "driver": first_stat(b, None, &["driver", "driver_info", "driver_name"]),
         "kernels": first_stat(b, None, &["kernels"]),
@@ -217,6 +136,99 @@ pub fn to_json(b: &Bench, summary: &Summary) -> Value {
             "schedule": "arms alternate within each repetition; each run a fresh process",
         },
         "interrupted": b.interrupted,
-        "summary": summary_json,
+        "summary": summary_json(b, summary),
     })
+}
+
+/// Arm `i`: its mode, its runs and failed runs, and with `--procs` its groups.
+fn arm_json(b: &Bench, i: usize, arm: &Arm) -> Value {
+    let (runs, failures): (Vec<&RunRecord>, Vec<&RunRecord>) = b
+        .runs
+        .iter()
+        .filter(|r| r.arm == i)
+        .partition(|r| r.child.stats.is_ok());
+    let runs: Vec<Value> = runs.into_iter().map(|r| run_json(b, r)).collect();
+    let failures: Vec<Value> = failures.into_iter().map(|r| run_json(b, r)).collect();
+    let mut a = json!({
+        "mode": arm.mode.as_str(),
+        "sync_each_layer": arm.sync_each_layer,
+        "runs": runs,
+        "failures": failures,
+    });
+    if b.grouped {
+        a["groups"] = b
+            .groups
+            .iter()
+            .filter(|g| g.arm == i)
+            .map(|g| group_json(b, g))
+            .collect();
+    }
+    a
+}
+
+/// One group of N processes: MemAvailable around it, the sum of Pss, each decode speed.
+fn group_json(b: &Bench, g: &GroupRecord) -> Value {
+    json!({
+        "procs": g.procs,
+        "repetition": g.repetition,
+        "seq": g.seq,
+        "mem_available_before_kb": g.mem_available_before_kb,
+        "mem_available_loaded_kb": g.mem_available_loaded_kb,
+        "mem_available_drop_kb": group_value(g, &b.runs, "mem_available_drop_kb"),
+        "sum_pss_kb": group_value(g, &b.runs, "sum_pss_kb"),
+        "all_reached_barrier": g.all_reached_barrier,
+        "failed": b.runs.iter().filter(|r| r.seq == g.seq && r.child.stats.is_err()).count(),
+        "per_process_decode_tok_s": b
+            .runs
+            .iter()
+            .filter(|r| r.seq == g.seq)
+            .map(|r| run_value(r, "decode_tok_s"))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// The first N's arms, ratios and differences, and with `--procs` every N's.
+fn summary_json(b: &Bench, summary: &Summary) -> Value {
+    let first = summary.by_procs.first().map(|p| procs_summary_json(b, p));
+    let part = |k: &str| first.as_ref().map_or(Value::Null, |p| p[k].clone());
+    let mut out = json!({
+        "arms": part("arms"),
+        "ratios": part("ratios"),
+        "differences": part("differences"),
+    });
+    if b.grouped {
+        out["procs"] = summary
+            .by_procs
+            .iter()
+            .map(|p| procs_summary_json(b, p))
+            .collect();
+    }
+    out
+}
+
+/// The speed figures by themselves, per arm: medians over the runs of time to first
+/// token, prefill and decode tok/s, and of the per-run prefill/decode ratio.
+fn speed_json(b: &Bench, summary: &Summary) -> Map<String, Value> {
+    let first = summary.by_procs.first();
+    b.arms
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let med = |k: &str| {
+                first
+                    .and_then(|p| p.arms[i].get(k))
+                    .map_or(Value::Null, |s| json!(s.median))
+            };
+            (
+                a.name.clone(),
+                json!({
+                    "prompt_tokens": b.args.prompt_tokens,
+                    "ttft_ms": med("ttft_ms"),
+                    "prefill_tok_s": med("prefill_tok_s"),
+                    "decode_tok_s": med("decode_tok_s"),
+                    "prefill_over_decode": med("prefill_over_decode"),
+                }),
+            )
+        })
+        .collect()
 }

@@ -203,130 +203,142 @@ pub fn ratio_pairs(arms: &[Arm]) -> Vec<(usize, usize)> {
 
 impl Summary {
     pub fn new(b: &Bench) -> Summary {
-        let by_procs = b
-            .procs
-            .iter()
-            .map(|&n| {
-                let runs_of = |arm: usize| -> Vec<&RunRecord> {
-                    b.runs
-                        .iter()
-                        .filter(|r| r.arm == arm && r.procs == n)
-                        .collect()
-                };
-                let groups_of = |arm: usize| -> Vec<&GroupRecord> {
-                    b.groups
-                        .iter()
-                        .filter(|g| g.arm == arm && g.procs == n)
-                        .collect()
-                };
-                let keyed_runs = |arm: usize, key: &str| -> Vec<((usize, usize), f64)> {
-                    runs_of(arm)
-                        .iter()
-                        .filter_map(|r| Some(((r.repetition, r.process), run_value(r, key)?)))
-                        .collect()
-                };
-                let keyed_groups = |arm: usize, key: &str| -> Vec<((usize, usize), f64)> {
-                    groups_of(arm)
-                        .iter()
-                        .filter_map(|g| Some(((g.repetition, 0), group_value(g, &b.runs, key)?)))
-                        .collect()
-                };
-                let keyed = |arm: usize, key: &str, group: bool| {
-                    if group {
-                        keyed_groups(arm, key)
-                    } else {
-                        keyed_runs(arm, key)
-                    }
-                };
-                let figure_keys: Vec<(&'static str, bool)> = FIGURES
-                    .iter()
-                    .map(|f| (f.key, false))
-                    .chain(
-                        GROUP_FIGURES
-                            .iter()
-                            .filter(|_| b.grouped)
-                            .map(|f| (f.key, true)),
-                    )
-                    .collect();
-                let arms = (0..b.arms.len())
-                    .map(|arm| {
-                        figure_keys
-                            .iter()
-                            .filter_map(|&(key, group)| {
-                                let values: Vec<f64> =
-                                    keyed(arm, key, group).into_iter().map(|(_, v)| v).collect();
-                                Some((key, spread(&values)?))
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let failures = (0..b.arms.len())
-                    .map(|arm| {
-                        let failed: Vec<&RunRecord> = runs_of(arm)
+        let by_procs = b.procs.iter().map(|&n| ProcsSummary::of(b, n)).collect();
+        Summary { by_procs }
+    }
+}
+
+/// Per figure key: its values' spread, or the spread of the pairwise ratios or
+/// differences of two arms' values.
+type Figures = BTreeMap<&'static str, Spread>;
+
+impl ProcsSummary {
+    /// The runs and groups of `n` processes at once.
+    fn of(b: &Bench, n: usize) -> ProcsSummary {
+        let sel = Selection { b, n };
+        let keys = sel.figure_keys();
+        let arms = (0..b.arms.len())
+            .map(|arm| {
+                keys.iter()
+                    .filter_map(|&(key, group)| {
+                        let values: Vec<f64> = sel
+                            .keyed(arm, key, group)
                             .into_iter()
-                            .filter(|r| r.child.stats.is_err())
+                            .map(|(_, v)| v)
                             .collect();
-                        let killed = failed
-                            .iter()
-                            .filter(|r| {
-                                r.child
-                                    .stats
-                                    .as_ref()
-                                    .err()
-                                    .is_some_and(|f| f.killed_by_bench || f.signal.is_some())
-                            })
-                            .count();
-                        (failed.len(), killed)
+                        Some((key, spread(&values)?))
                     })
-                    .collect();
-                let ratios = ratio_pairs(&b.arms)
-                    .into_iter()
-                    .map(|(a, d)| {
-                        let figures = figure_keys
-                            .iter()
-                            // A drop in MemAvailable can be negative (noise): compare by difference.
-                            .filter(|&&(key, _)| key != "mem_available_drop_kb")
-                            .filter_map(|&(key, group)| {
-                                Some((
-                                    key,
-                                    pair_ratio_spread(
-                                        &keyed(a, key, group),
-                                        &keyed(d, key, group),
-                                    )?,
-                                ))
-                            })
-                            .collect();
-                        (a, d, figures)
-                    })
-                    .collect();
-                let differences = ratio_pairs(&b.arms)
-                    .into_iter()
-                    .map(|(a, d)| {
-                        let figures = figure_keys
-                            .iter()
-                            .filter_map(|&(key, group)| {
-                                Some((
-                                    key,
-                                    spread(&pair_differences(
-                                        &keyed(a, key, group),
-                                        &keyed(d, key, group),
-                                    ))?,
-                                ))
-                            })
-                            .collect();
-                        (a, d, figures)
-                    })
-                    .collect();
-                ProcsSummary {
-                    n,
-                    arms,
-                    failures,
-                    ratios,
-                    differences,
-                }
+                    .collect()
             })
             .collect();
-        Summary { by_procs }
+        let failures = (0..b.arms.len()).map(|arm| sel.failures(arm)).collect();
+        // A drop in MemAvailable can be negative (noise): compared by difference only.
+        let ratio_keys: Vec<_> = keys
+            .iter()
+            .copied()
+            .filter(|&(key, _)| key != "mem_available_drop_kb")
+            .collect();
+        let ratios = sel.pairwise(&ratio_keys, |x, y| pair_ratio_spread(x, y));
+        let differences = sel.pairwise(&keys, |x, y| spread(&pair_differences(x, y)));
+        ProcsSummary {
+            n,
+            arms,
+            failures,
+            ratios,
+            differences,
+        }
+    }
+}
+
+/// The records of one N.
+struct Selection<'b> {
+    b: &'b Bench,
+    n: usize,
+}
+
+/// A figure's values keyed by (repetition, process), so two arms pair up.
+type Keyed = Vec<((usize, usize), f64)>;
+
+impl Selection<'_> {
+    fn runs_of(&self, arm: usize) -> impl Iterator<Item = &RunRecord> {
+        let n = self.n;
+        self.b
+            .runs
+            .iter()
+            .filter(move |r| r.arm == arm && r.procs == n)
+    }
+
+    /// Every figure's key, and whether it is a group figure (with `--procs`).
+    fn figure_keys(&self) -> Vec<(&'static str, bool)> {
+        FIGURES
+            .iter()
+            .map(|f| (f.key, false))
+            .chain(
+                GROUP_FIGURES
+                    .iter()
+                    .filter(|_| self.b.grouped)
+                    .map(|f| (f.key, true)),
+            )
+            .collect()
+    }
+
+    /// One arm's values of figure `key`: per run, or per group.
+    fn keyed(&self, arm: usize, key: &str, group: bool) -> Keyed {
+        if group {
+            let n = self.n;
+            self.b
+                .groups
+                .iter()
+                .filter(|g| g.arm == arm && g.procs == n)
+                .filter_map(|g| Some(((g.repetition, 0), group_value(g, &self.b.runs, key)?)))
+                .collect()
+        } else {
+            self.runs_of(arm)
+                .filter_map(|r| Some(((r.repetition, r.process), run_value(r, key)?)))
+                .collect()
+        }
+    }
+
+    /// The arm's failed runs, and how many of those the bench or a signal killed.
+    fn failures(&self, arm: usize) -> (usize, usize) {
+        let failed: Vec<&RunRecord> = self
+            .runs_of(arm)
+            .filter(|r| r.child.stats.is_err())
+            .collect();
+        let killed = failed
+            .iter()
+            .filter(|r| {
+                r.child
+                    .stats
+                    .as_ref()
+                    .err()
+                    .is_some_and(|f| f.killed_by_bench || f.signal.is_some())
+            })
+            .count();
+        (failed.len(), killed)
+    }
+
+    /// For every arm pair of [`ratio_pairs`], `compare` of the two arms' values of each key.
+    fn pairwise(
+        &self,
+        keys: &[(&'static str, bool)],
+        compare: impl Fn(&Keyed, &Keyed) -> Option<Spread>,
+    ) -> Vec<(usize, usize, Figures)> {
+        ratio_pairs(&self.b.arms)
+            .into_iter()
+            .map(|(a, d)| {
+                let figures = keys
+                    .iter()
+                    .filter_map(|&(key, group)| {
+                        Some((
+                            key,
+                            compare(&self.keyed(a, key, group), &self.keyed(d, key, group))?,
+                        ))
+                    })
+                    .collect();
+                (a, d, figures)
+            })
+            .collect()
     }
 }
 
