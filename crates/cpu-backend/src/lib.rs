@@ -10,8 +10,8 @@ use std::time::Instant;
 use arch::Config;
 use engine::generate::fit::{self, CtxRequest};
 use engine::generate::{check_finite, load, BackendInfo, Forward, GenerateError, LoadOptions};
-use engine::session::Session;
 use engine::Counters;
+use engine::Session;
 
 /// A reference failure as a generation error.
 fn failed(e: reference::RefError) -> GenerateError {

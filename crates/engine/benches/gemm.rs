@@ -17,7 +17,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use engine::kernels::{
     self, InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
-use engine::model::{PREFILL_MATVEC_SHAPE, PREFILL_SHAPE};
+use engine::kernels::{CPU, GEMM_SHAPE};
 use gguf::GgmlType;
 use vk::{
     Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, MemLocation,
@@ -107,9 +107,9 @@ fn gemm(c: &mut Criterion) {
         "step",
         &vec![0u32; (kernels::STEP_TOKENS_OFFSET / 4) as usize + N_TOK],
     );
-    let mut arms = vec![("matvec tb4".to_string(), PREFILL_MATVEC_SHAPE)];
+    let mut arms = vec![("matvec tb4".to_string(), CPU.prefill)];
     for pairs in [2, 4, 8] {
-        let mut s = PREFILL_SHAPE;
+        let mut s = GEMM_SHAPE;
         s.pairs = pairs;
         arms.push((format!("gemm t{} p{pairs}", s.tb), s));
     }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use engine::kernels::{self, Batch, InMode, Kernels, MatmulBindings, MatmulPush, OutMode, Slot};
-use engine::model::{MatmulVariant, DECODE_SHAPE};
+use engine::kernels::{MatmulVariant, CPU};
 use gguf::GgmlType;
 use vk::{
     Buffer, BufferDesc, BufferView, CommandBuffer, Context, ContextOptions, MemLocation,
@@ -224,7 +224,7 @@ fn matvec(c: &mut Criterion) {
             // the engine's decode key for a plain matvec added to the residual (attn_output,
             // ffn_down: see model::matmul_key), its row pairs balanced for this device's
             // threads as the engine's are
-            let split_k = ks.column_split(DECODE_SHAPE.wg, cols as u32);
+            let split_k = ks.column_split(CPU.decode.wg, cols as u32);
             // at word 0 (the cold copies: at multiples of 64 words)
             let slots = [Slot {
                 slot: 0,

@@ -52,10 +52,6 @@ pub struct Activations {
     pub dummy: Buffer,
     /// Batch capacity B.
     pub max_batch: usize,
-    /// Logits rows H (1, or the slots a batched decode step advances at most).
-    pub head_rows: usize,
-    /// Context length C (positions per cache).
-    pub ctx_len: usize,
 }
 
 /// The byte sizes of [`Activations`], computed with checked arithmetic.
@@ -204,8 +200,6 @@ impl Activations {
             layer_dump: buf("layer_dump", sz.layer_dump, MemLocation::GpuToCpu)?,
             dummy: buf("dummy", 16, MemLocation::GpuOnly)?,
             max_batch,
-            head_rows,
-            ctx_len,
         })
     }
 

@@ -10,23 +10,24 @@ pub use residency::{
     ShardPlan, TensorView, ViewPart, Weights, WeightsMode,
 };
 
-pub mod activations;
-pub mod forward;
+mod activations;
+mod forward;
 pub mod generate;
-pub mod graph;
+mod graph;
 pub mod kernels;
-pub mod model;
-pub mod profile;
+mod model;
+mod profile;
 pub mod sampling;
-pub mod session;
-pub mod slots;
+mod session;
+mod slots;
 mod step;
 pub mod support;
 mod views;
+pub use activations::ActivationSizes;
 pub use generate::{Event, GenerateError, StopReason};
 pub use sampling::{grammar_vocab, Constraint, Sampler, SamplerOptions, TokenLogprob};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
 pub use slots::{
-    Admission, BatchKernel, Completion, GenStats, GenerateOptions, Generation, Generator, Request,
-    SlotCounters, SlotEvent, Slots, SlotsInfo, SlotsOptions, StepReport, Usage,
+    Admission, BatchKernel, Completion, GenStats, GenerateOptions, Generation, Generator, Guard,
+    Request, SlotCounters, SlotEvent, Slots, SlotsInfo, SlotsOptions, StepReport, Usage,
 };

@@ -39,14 +39,7 @@ use crate::views::Views;
 use crate::EngineError;
 use residency::{TensorView, ViewPart, Weights};
 
-pub use crate::kernels::{Batch, MatmulShape, MatmulVariant};
-
-/// The `cpu` profile's decode shape (`kernels::CPU`; the device's own: `Kernels::shapes`).
-pub const DECODE_SHAPE: MatmulShape = kernels::CPU.decode;
-/// The `cpu` profile's prefill shape: the GEMM (`matmul_mm.comp`, `kernels::CPU`).
-pub const PREFILL_SHAPE: MatmulShape = kernels::GEMM_SHAPE;
-/// lavapipe's prefill shape where the GEMM cannot run: matmul.comp 4 tokens at a time.
-pub const PREFILL_MATVEC_SHAPE: MatmulShape = kernels::CPU.prefill;
+pub use crate::kernels::{Batch, MatmulVariant};
 
 /// One matmul dispatch (per batch kind the pipeline differs only in shape). Every view
 /// it reads lies in binding 0 at its own word offset (one texel view spanning q, k and v,
@@ -107,8 +100,9 @@ pub struct GpuModel {
     pub head_dim: u32,
     /// The batch kind prompt chunks run as (the GEMM where the device runs it).
     pub prefill: Batch,
-    /// Texel views of the weights and activations the sets read.
-    pub views: Vec<Arc<BufferView>>,
+    /// Texel views of the weights and activations the sets read: held, never read, so
+    /// that they outlive the sets that name them.
+    _views: Vec<Arc<BufferView>>,
 }
 
 fn to_u32(v: u64, what: &str) -> Result<u32, EngineError> {
@@ -380,7 +374,7 @@ impl GpuModel {
             neox,
             head_dim,
             prefill: kernels.prefill_batch(),
-            views: views.all,
+            _views: views.all,
         })
     }
 }

@@ -646,6 +646,6 @@ fn prefill_chunk(ctx: &vk::Context, cfg: &Config) -> usize {
         caps.max_storage_buffer_range,
         caps.max_compute_work_group_count[1],
         widest,
-        crate::model::PREFILL_SHAPE.tb,
+        crate::kernels::GEMM_SHAPE.tb,
     )
 }

@@ -70,7 +70,6 @@ use tracing::info_span;
 
 use crate::generate::{chat_prompt_ids, load, Forward, GenerateError, LoadOptions, Loaded};
 use crate::session::{Session, SessionOptions};
-pub use admit::common_prefix;
 use job::Job;
 pub use one_shot::{GenStats, GenerateOptions, Generation, Generator, Guard};
 pub use types::{

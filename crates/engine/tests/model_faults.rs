@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use engine::activations::ActivationSizes;
+use engine::ActivationSizes;
 use engine::{EngineError, Session, SessionOptions};
 use gguf::GgmlType;
 

@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use common::gpu::*;
 use common::*;
+use engine::kernels::GEMM_SHAPE;
 use engine::kernels::{InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot};
-use engine::model::PREFILL_SHAPE;
 use engine::{Session, SessionOptions};
 use gguf::GgmlType;
 
@@ -154,9 +154,9 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                     in_mode: InMode::Plain,
                     out_mode: OutMode::Add,
                     neox: false,
-                    wg: PREFILL_SHAPE.wg,
-                    pairs: PREFILL_SHAPE.pairs,
-                    tb: PREFILL_SHAPE.tb,
+                    wg: GEMM_SHAPE.wg,
+                    pairs: GEMM_SHAPE.pairs,
+                    tb: GEMM_SHAPE.tb,
                     split_k: 0,
                     texel_aligned: false,
                 };

@@ -9,7 +9,7 @@ use engine::kernels::{
     self, AttentionBindings, AttentionPush, EmbedBindings, EmbedPush, InMode, Kernels,
     MatmulBindings, MatmulKey, MatmulPush, OutMode, Slot,
 };
-use engine::model::{Batch, MatmulVariant};
+use engine::kernels::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
 
