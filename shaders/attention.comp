@@ -3,7 +3,7 @@
 // CPU twin: reference::kernels::attention_ext (softmax(q·K^T · scale) · V).
 // One workgroup per (head, token) for the batch's tokens from t0 on: workgroup row y is
 // token t = t0 + y and writes row y of out (t0 > 0 when a prompt's last token alone goes
-// on past the keys and values: forward.rs). Token t sits at position STEP_POS(t) and
+// on past the keys and values: model/layer.rs). Token t sits at position STEP_POS(t) and
 // attends to positions first..=STEP_POS(t) of its own slot, whose keys and values are
 // already in the caches (rows STEP_ROW(t) - STEP_POS(t) onwards: a batch may mix slots);
 // first is 0, or STEP_POS(t) - window + 1 for a sliding-window layer (gemma3's local

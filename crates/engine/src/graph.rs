@@ -2,7 +2,7 @@
 //! [`Config`] and read by the activations (which scratch buffers exist), the model (which
 //! dispatches are bound) and the session (which RoPE tables are written).
 //!
-//! The llama graph is fused (model.rs): rmsnorm folded into the matmul inputs, RoPE and the
+//! The llama graph is fused (model/layer.rs): rmsnorm folded into the matmul inputs, RoPE and the
 //! KV-cache writes in the q/k/v epilogue, residual adds in the output epilogues. The other
 //! families add steps as kernels of their own rather than branches in those epilogues:
 //! - q/k/v biases, per-head Q/K norms, or a layer whose RoPE differs from the global one:

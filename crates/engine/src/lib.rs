@@ -11,7 +11,6 @@ pub use residency::{
 };
 
 mod activations;
-mod forward;
 pub mod generate;
 mod graph;
 pub mod kernels;

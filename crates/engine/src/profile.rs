@@ -4,8 +4,6 @@
 
 use vk::{CommandBuffer, QueryPool};
 
-use crate::model::GpuModel;
-
 /// The recorder's profiling state: the timestamp pool and the names of the dispatches
 /// timed so far (`None`: not profiling).
 pub(crate) type Timestamps<'a> = Option<(&'a QueryPool, &'a mut Vec<String>)>;
@@ -64,28 +62,6 @@ fn kernel_of(dispatch: &str) -> &str {
         Some((layer, rest)) if layer.bytes().all(|b| b.is_ascii_digit()) => rest,
         _ => name,
     }
-}
-
-/// Weight bytes each named dispatch reads: the rows of every weight view it binds, for the
-/// matvecs of `model`; `None` for the other dispatches.
-pub(crate) fn dispatch_weight_bytes(model: &GpuModel, names: &[String]) -> Vec<Option<u64>> {
-    let mut bytes = std::collections::HashMap::new();
-    let calls = model
-        .layers
-        .iter()
-        .flat_map(|l| [&l.qkv, &l.attn_output, &l.gate_up, &l.ffn_down])
-        .chain(std::iter::once(&model.logits))
-        .flatten();
-    for call in calls {
-        let rows: u64 = call.slots.iter().map(|s| u64::from(s.nrows)).sum();
-        if let Some(row) = call.variant.wtype.row_bytes(u64::from(call.ncols)) {
-            bytes.insert(call.name.as_str(), rows * row);
-        }
-    }
-    names
-        .iter()
-        .map(|n| bytes.get(n.as_str()).copied())
-        .collect()
 }
 
 /// Sums dispatch times per kernel. `ts[0]` is the timestamp before the first dispatch and

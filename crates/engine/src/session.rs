@@ -13,12 +13,11 @@ use tracing::{debug_span, info_span};
 use vk::{CommandBuffer, QueryPool};
 
 use crate::activations::Activations;
-use crate::forward::{Head, Recorder};
 use crate::graph;
 use crate::kernels::{self, Kernels, StepHeader, ARGMAX_NON_FINITE};
-use crate::model::{Batch, GpuModel};
+use crate::model::{Batch, GpuModel, Head, Recorder};
+use crate::profile::per_kernel;
 pub use crate::profile::KernelTime;
-use crate::profile::{dispatch_weight_bytes, per_kernel};
 use crate::EngineError;
 use residency::{ResidencyOptions, Weights};
 
@@ -516,7 +515,7 @@ impl Session {
         self.ctx.submit_and_wait(&self.prefill_cmd)?;
         if let Some(q) = &self.query {
             let ts = q.read_ns(0, names.len() as u32 + 1)?;
-            let bytes = dispatch_weight_bytes(&self.model, &names);
+            let bytes = self.model.dispatch_weight_bytes(&names);
             self.last_prefill_profile = Some((tokens.len(), per_kernel(&names, &bytes, &ts)));
         }
         self.counters.host_waits += 1;
@@ -564,7 +563,7 @@ impl Session {
             cmd.end()?;
         }
         self.decode_cmds = cmds;
-        self.profile_bytes = dispatch_weight_bytes(&self.model, &names);
+        self.profile_bytes = self.model.dispatch_weight_bytes(&names);
         self.profile_names = names;
         Ok(())
     }

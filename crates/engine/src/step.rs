@@ -1,5 +1,5 @@
 //! The steps of the pass as data: for each fused matmul, the weights it reads, its input
-//! and what it writes (model.rs turns each into dispatches and descriptor sets at load).
+//! and what it writes (model/ turns each into dispatches and descriptor sets at load).
 
 use std::sync::Arc;
 

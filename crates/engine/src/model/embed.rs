@@ -6,6 +6,8 @@ use std::sync::Arc;
 use arch::Config;
 use vk::BufferBinding;
 
+use super::bounds::{check_fits, missing};
+use super::record::Recorder;
 use super::{to_u32, EmbedCall};
 use crate::activations::Activations;
 use crate::kernels::{self, EmbedBindings, Kernels};
@@ -67,4 +69,29 @@ pub(super) fn embed_call(
         ty: view.ty,
         push,
     })
+}
+
+impl Recorder<'_> {
+    /// x[t] = token_embd[tokens[t]]
+    pub fn embed(&mut self) -> Result<(), EngineError> {
+        let e = &self.model.embed;
+        let p = self
+            .kernels
+            .embed_ref(e.ty)
+            .ok_or_else(|| missing("embed"))?;
+        let mut push = e.push;
+        push.n_tok = self.n_tok;
+        let chunks = self.cfg.dim.div_ceil(kernels::CHUNK) as u32;
+        let need = u64::from(self.n_tok) * self.cfg.dim as u64 * 4;
+        check_fits("embed", "x", need, self.acts.x.size())?;
+        check_fits("embed", "xg", need, self.acts.xg.size())?;
+        self.cmd.dispatch(
+            p,
+            &e.set,
+            bytemuck::bytes_of(&push),
+            [chunks.div_ceil(kernels::EMBED_WG), self.n_tok, 1],
+        );
+        self.after("embed");
+        Ok(())
+    }
 }

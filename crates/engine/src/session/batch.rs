@@ -17,10 +17,9 @@
 use vk::CommandBuffer;
 
 use super::Session;
-use crate::forward::Recorder;
 use crate::kernels::{ARGMAX_NON_FINITE, STEP_MAX_BATCH};
-use crate::model::Batch;
-use crate::profile::{dispatch_weight_bytes, per_kernel, KernelTime};
+use crate::model::{Batch, Recorder};
+use crate::profile::{per_kernel, KernelTime};
 use crate::EngineError;
 
 /// The batched step's command buffer and what the last step left.
@@ -118,7 +117,7 @@ impl Session {
         self.counters.host_waits += 1;
         if let Some(q) = &self.query {
             let ts = q.read_ns(0, names.len() as u32 + 1)?;
-            let bytes = dispatch_weight_bytes(&self.model, &names);
+            let bytes = self.model.dispatch_weight_bytes(&names);
             self.batch.profile = Some(per_kernel(&names, &bytes, &ts));
         }
         for &(slot, _) in items {
