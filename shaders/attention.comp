@@ -30,7 +30,8 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HQ = 16u;  // head_dim / 4: quads per head
 
-// q and the caches are RGBA32F texel buffers (so the head dimension is a multiple of 4).
+// q is an RGBA32F texel buffer, the caches RGBA16F ones (f16 keys and values, read as
+// f32), so the head dimension is a multiple of 4.
 layout(set = 0, binding = 0) uniform textureBuffer q4;                        // [n_tok][n_heads*HQ]
 layout(set = 0, binding = 1) uniform textureBuffer kc4;                       // [ctx][n_kv_heads*HQ]
 layout(set = 0, binding = 2) uniform textureBuffer vc4;                       // [ctx][n_kv_heads*HQ]

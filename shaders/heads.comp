@@ -3,7 +3,8 @@
 // graph does more than llama's fused epilogue (matmul.glsl OUT_QKV): the q/k/v biases
 // (qwen2), the RMS norm of every head of Q and of K (qwen3, gemma3), RoPE with the
 // layer's own frequency table (gemma3's sliding-window layers), then q written for
-// attention and k, v into the caches at each token's row (STEP_POS, STEP_ROW: step.glsl).
+// attention and k, v into the caches (f16 pairs, one word each) at each token's row
+// (STEP_POS, STEP_ROW: step.glsl).
 // CPU twin: reference::kernels::{add, rmsnorm_heads, rope_ext}, in that order (as
 // reference::forward applies them).
 //
@@ -25,8 +26,8 @@ layout(std430, set = 0, binding = 3) readonly buffer Bv { float bv[]; };    // v
 layout(std430, set = 0, binding = 4) readonly buffer Qn { float qn[]; };    // q head norm
 layout(std430, set = 0, binding = 5) readonly buffer Kn { float kn[]; };    // k head norm
 layout(std430, set = 0, binding = 6) buffer Q { float q[]; };               // [n_tok][q_ld]
-layout(std430, set = 0, binding = 7) buffer Kc { float kc[]; };             // [ctx][kv_ld]
-layout(std430, set = 0, binding = 8) buffer Vc { float vc[]; };             // [ctx][kv_ld]
+layout(std430, set = 0, binding = 7) writeonly buffer Kc { uint kc[]; };   // [ctx][kv_ld / 2]
+layout(std430, set = 0, binding = 8) writeonly buffer Vc { uint vc[]; };   // [ctx][kv_ld / 2]
 STEP_BUFFER(9)
 layout(std430, set = 0, binding = 10) readonly buffer Rope { float rope_tab[]; };
 
@@ -37,7 +38,7 @@ layout(push_constant) uniform Push {
     uint head_dim;
     uint qkv_ld;    // floats between token rows of QKV (n_heads + 2 n_kv_heads heads)
     uint q_ld;      // floats between token rows of Q
-    uint kv_ld;     // floats between positions of the caches
+    uint kv_ld;     // elements between positions of the caches (even)
     float eps;      // the head norms' epsilon
     uint flags;     // HEADS_BIAS | HEADS_NORM | HEADS_NEOX
     uint freq_ofs;  // this layer's frequency table inside ROPE (theta_i = pos * rope_tab[freq_ofs + i])
@@ -87,6 +88,15 @@ layout(push_constant) uniform Push {
         }                                                                                 \
     }
 
+// A k or v head on its way to the cache: normed and rotated in f32, then stored as f16.
+shared float head_f32[2u * STEP_FREQS_MAX];
+
+// The head in head_f32 into the cache from element d (even) on, two elements a word.
+#define STORE_F16(CACHE, d)                                                               \
+    for (uint i = 0u; i < hd / 2u; i++) {                                                 \
+        CACHE[(d) / 2u + i] = packHalf2x16(vec2(head_f32[2u * i], head_f32[2u * i + 1u])); \
+    }
+
 void main() {
     uint h = gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.y;
@@ -101,9 +111,11 @@ void main() {
         HEAD_STEPS(q, t * pc.q_ld + h * hd, bq, pc.bq_ofs + h * hd, qn, pc.qn_ofs, normed, true)
     } else if (h < nq + nk) {
         uint kh = h - nq;
-        HEAD_STEPS(kc, c + kh * hd, bk, pc.bk_ofs + kh * hd, kn, pc.kn_ofs, normed, true)
+        HEAD_STEPS(head_f32, 0u, bk, pc.bk_ofs + kh * hd, kn, pc.kn_ofs, normed, true)
+        STORE_F16(kc, c + kh * hd)
     } else {
         uint vh = h - nq - nk;
-        HEAD_STEPS(vc, c + vh * hd, bv, pc.bv_ofs + vh * hd, kn, pc.kn_ofs, false, false)
+        HEAD_STEPS(head_f32, 0u, bv, pc.bv_ofs + vh * hd, kn, pc.kn_ofs, false, false)
+        STORE_F16(vc, c + vh * hd)
     }
 }

@@ -17,13 +17,14 @@
 // weights in every workgroup; q, k and v come in one texel view spanning them, or a
 // dispatch each.
 // Left as specialization constants, as loop bounds only (no branch depends on them):
-// the workgroup size (id 0) and PAIRS (id 1). Rope's pairing (normal or neox) is a
-// push-constant flag read in the epilogue only.
+// the workgroup size (id 0) and PAIRS (id 1).
 //
 // A pair is two output rows computed together:
 //   OUT_STORE/OUT_ADD: rows (2p, 2p+1) of one view (OUT_STORE of several views, e.g. a
 //   plain q/k/v: each view's orow places its rows after the previous view's in out0);
-//   OUT_QKV: the two rows rope rotates together (normal: 2i, 2i+1; neox: i, i+head_dim/2);
+//   OUT_QKV: the two rows rope rotates together, (2i, 2i+1) (llama's pairing; a neox
+//   model's q/k/v goes through heads.comp), which are also the two f16 halves of one
+//   word of the KV cache;
 //   OUT_GLU: row p of gate (binding 0) and row p of up (binding 1); only view 0 (gate)
 //   owns workgroups, each reading up at the same rows.
 //
@@ -59,8 +60,14 @@ layout(set = 0, binding = 1) uniform utextureBuffer w1;  // up (OUT_GLU)
 layout(set = 0, binding = 2) uniform textureBuffer x4;
 layout(std430, set = 0, binding = 3) readonly buffer Aux { float aux[]; };  // next norm weight
 layout(std430, set = 0, binding = 4) buffer Out0 { float out0[]; };
+#if OUT_MODE == OUT_QKV
+// the key and value caches: f16 pairs, one word per pair of a position's row
+layout(std430, set = 0, binding = 5) writeonly buffer Out1 { uint out1[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer Out2 { uint out2[]; };
+#else
 layout(std430, set = 0, binding = 5) buffer Out1 { float out1[]; };
 layout(std430, set = 0, binding = 6) buffer Out2 { float out2[]; };
+#endif
 STEP_BUFFER(7)
 layout(set = 0, binding = 8) uniform textureBuffer xr4;  // raw residual (IN_RMSNORM)
 
@@ -149,17 +156,8 @@ Pair pair_rows(uint p, uint nrows, uint wofs, bool exists) {
     r.ra = p;
     r.rb = p;
 #else
-#if OUT_MODE == OUT_QKV
-    if (pc.rope_neox != 0u) {
-        uint half_dim = pc.head_dim / 2u;
-        r.ra = (p / half_dim) * pc.head_dim + p % half_dim;
-        r.rb = r.ra + half_dim;
-    } else
-#endif
-    {
-        r.ra = 2u * p;
-        r.rb = r.ra + 1u;
-    }
+    r.ra = 2u * p;
+    r.rb = r.ra + 1u;
 #endif
     r.a_ok = exists && r.ra < nrows;
     r.b_ok = r.a_ok && r.rb < nrows;
@@ -215,9 +213,8 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
         out0[o + ga] = swiglu(a, b);
 #endif
 #else  // OUT_QKV: rope q and k at each token's position, k and v go to its cache row
-        uint hd = ga % pc.head_dim;
-        uint fi = pc.rope_neox != 0u ? hd : hd / 2u;
         if (view != 2u) {
+            uint fi = (ga % pc.head_dim) / 2u;
             vec2 r = rope_pair(a, b, float(STEP_POS(tt)), step_freqs[fi]);
             a = r.x;
             b = r.y;
@@ -226,13 +223,12 @@ void store_pair(Pair P, vec4 acc_a, vec4 acc_b, vec4 scale, uint view, uint orow
             out0[o + ga] = a;
             out0[o + gb] = b;
         } else {
-            uint c = STEP_ROW(tt) * pc.kv_ld;
+            // ga is even (the engine binds k and v at even rows): the pair is one word
+            uint w = (STEP_ROW(tt) * pc.kv_ld + ga) / 2u;
             if (view == 1u) {
-                out1[c + ga] = a;
-                out1[c + gb] = b;
+                out1[w] = packHalf2x16(vec2(a, b));
             } else {
-                out2[c + ga] = a;
-                out2[c + gb] = b;
+                out2[w] = packHalf2x16(vec2(a, b));
             }
         }
 #endif

@@ -1,4 +1,4 @@
-// Push constants of matmul.comp. Rust twin: engine::kernels::MatmulPush (108 bytes).
+// Push constants of matmul.comp. Rust twin: engine::kernels::MatmulPush (104 bytes).
 // A dispatch covers up to three weight "views" (q/k/v, or gate/up) laid end to end in
 // workgroup x: view v owns workgroups [tiles[v-1], tiles[v]) (tiles[-1] = 0).
 layout(push_constant) uniform Push {
@@ -7,7 +7,7 @@ layout(push_constant) uniform Push {
     uint ncols;    // row length of every view, a multiple of 64
     uint x_ld;     // floats between token rows of X and XR
     uint out_ld;   // floats between token rows of out0
-    uint kv_ld;    // floats between positions in the caches (OUT_QKV)
+    uint kv_ld;    // elements between positions in the caches (OUT_QKV)
     uint head_dim; // (OUT_QKV)
     float eps;     // rmsnorm epsilon (IN_RMSNORM)
     uvec4 tiles;   // cumulative workgroup ends of views 0, 1, 2
@@ -16,5 +16,4 @@ layout(push_constant) uniform Push {
     uvec4 orow;    // global row index of each view's first row (row-range parts)
     uint aux_ofs;  // float offset of the next norm weight inside the aux binding (OUT_ADD)
     uint write_xg; // OUT_ADD: also write out1 = (x + Y) * aux, the next rmsnorm's input
-    uint rope_neox; // OUT_QKV: rope pairs (i, i + head_dim/2) instead of (2i, 2i+1)
 } pc;

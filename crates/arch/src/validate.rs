@@ -138,15 +138,16 @@ impl Config {
             .filter(|&b| usize::try_from(b).is_ok())
     }
 
-    /// Bytes of an f32 K/V cache for `ctx_len` positions (`2 · n_layers · ctx_len ·
-    /// kv_dim · 4`), or `None` if it overflows `u64`/`usize`.
+    /// Bytes of an f16 K/V cache (the engine's and the reference's) for `ctx_len`
+    /// positions (`2 · n_layers · ctx_len · kv_dim · 2`), or `None` if it overflows
+    /// `u64`/`usize`.
     pub fn kv_cache_bytes(&self, ctx_len: usize) -> Option<u64> {
         [
             self.n_layers as u64,
             ctx_len as u64,
             self.n_kv_heads as u64,
             self.head_dim as u64,
-            4,
+            2,
         ]
         .into_iter()
         .try_fold(2u64, u64::checked_mul)
@@ -195,8 +196,8 @@ mod tests {
     fn a_real_config_passes_and_sizes_its_cache() {
         let c = smollm();
         validate(&c).unwrap();
-        // 2 x 30 layers x 8192 x 192 x 4 bytes.
-        assert_eq!(c.kv_cache_bytes(8192), Some(377_487_360));
+        // 2 x 30 layers x 8192 x 192 x 2 bytes.
+        assert_eq!(c.kv_cache_bytes(8192), Some(188_743_680));
         assert_eq!(c.kv_cache_bytes(usize::MAX), None);
     }
 

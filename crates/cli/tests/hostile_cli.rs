@@ -339,11 +339,11 @@ fn stats_path_import_cap_and_device_bytes() {
         let s: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
         let kv = s["kv_bytes"].as_u64().unwrap();
-        // 2 · 30 layers · ctx · 192 · 4
-        assert_eq!(kv, 2 * 30 * c.parse::<u64>().unwrap() * 192 * 4);
+        // 2 · 30 layers · ctx · 192 · 2 (f16 keys and values)
+        assert_eq!(kv, 2 * 30 * c.parse::<u64>().unwrap() * 192 * 2);
         device_bytes.push(s["device_bytes"].as_u64().unwrap());
     }
-    assert_eq!(device_bytes[1] - device_bytes[0], 2 * 30 * 1024 * 192 * 4);
+    assert_eq!(device_bytes[1] - device_bytes[0], 2 * 30 * 1024 * 192 * 2);
 }
 
 /// Defect 17: `bench -p 100000` failed with "Argument list too long": the prompt ids went

@@ -4,14 +4,16 @@
 //! GPU does not read.
 //!
 //! Per type (one `#[test]` each, from the table in `type_tests!`), on three prompts: the
-//! GPU's logits after the prompt (the batched prefill) are within TOL = 0.002 of the
+//! GPU's logits after the prompt (the batched prefill) are within TOL of the
 //! reference's, and 16 greedy steps give the reference's ids. Both run through the
 //! load paths the CLI uses (`engine::generate::load`, `cpu_backend::load_reference`: the
 //! `Forward` trait), the GPU fed
 //! the reference's token at each step. A divergence is tolerated only at a step whose
 //! reference top-2 gap is below TOL (printed; the comparison stops there), as in
-//! crates/engine/tests/model_smollm.rs, whose measured differences (1.2e-4 over 30 layers)
-//! this bound leaves a margin of over 10x for, while a wrong decoder moves logits by O(1).
+//! crates/engine/tests/model_smollm.rs. TOL = 0.03: the sums' order (1.2e-4 over 30
+//! layers with f32 caches) and the keys cached as f16 one step apart where the two sides'
+//! f32 values straddle a rounding edge (up to 0.0124 measured, at Q2_K, whose logits move
+//! the most), while a wrong decoder moves logits by O(1).
 //!
 //! The files are made by the project's converter, as a user makes them (`vkdecode
 //! convert --type T`, llama-quantize `--pure`'s fallbacks where a row is not whole K
@@ -30,7 +32,8 @@ use common::{q8, vkdecode, TempDir};
 use engine::generate::{self, CtxRequest, Forward, LoadOptions};
 use gguf::{GgmlType, Gguf, GgufFile, GgufWriter, Value};
 
-const TOL: f32 = 0.002;
+/// Largest |gpu - reference| logit (see the top of this file).
+const TOL: f32 = 0.03;
 /// Greedy steps per prompt: enough for a wrong kernel to change an id, short enough to
 /// run every type.
 const STEPS: usize = 16;

@@ -146,7 +146,6 @@ fn gemm(c: &mut Criterion) {
                     wtype: ty,
                     in_mode: InMode::Plain,
                     out_mode: OutMode::Add,
-                    neox: false,
                     wg: shape.wg,
                     pairs: shape.pairs,
                     tb: shape.tb,

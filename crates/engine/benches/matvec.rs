@@ -241,7 +241,7 @@ fn matvec(c: &mut Criterion) {
                 pairs: ks.decode_pairs(split_k, false, &[rows as u32]),
                 texel_aligned: kernels::k_texel_aligned(ty, &slots),
             };
-            let key = ks.matmul_key(&variant, Batch::Decode, false, 0);
+            let key = ks.matmul_key(&variant, Batch::Decode);
             let p = ks.matmul(key).expect("matmul pipeline");
             // the weights `w` behind binding 0, the rest as the engine binds a plain matvec
             let set_over = |w: &BufferView| {

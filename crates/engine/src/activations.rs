@@ -12,7 +12,8 @@ use crate::graph::GraphShape;
 use crate::kernels;
 use crate::EngineError;
 
-/// Activation buffers and the KV cache, all f32. `B` is the batch capacity
+/// Activation buffers (f32) and the KV cache (f16: [`kernels::KV_BYTES`]). `B` is the
+/// batch capacity
 /// ([`crate::session::Session::prefill_chunk`]), `C` the context length.
 pub struct Activations {
     /// [B][dim] the residual stream
@@ -108,7 +109,7 @@ impl ActivationSizes {
             mul("the q/k/v row", &[b, heads, cfg.head_dim as u64, f])?
         };
         let y = if shape.post_norms { x } else { 16 };
-        let kv = mul("the KV cache", &[ctx_len as u64, kv_dim, f])?;
+        let kv = mul("the KV cache", &[ctx_len as u64, kv_dim, kernels::KV_BYTES])?;
         let logits = mul("the logits", &[cfg.vocab_size as u64, f])?;
         if max_batch > kernels::STEP_MAX_BATCH {
             return Err(too_large("a batch larger than the step buffer's"));

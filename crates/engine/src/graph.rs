@@ -5,14 +5,14 @@
 //! The llama graph is fused (model/layer.rs): rmsnorm folded into the matmul inputs, RoPE and the
 //! KV-cache writes in the q/k/v epilogue, residual adds in the output epilogues. The other
 //! families add steps as kernels of their own rather than branches in those epilogues:
-//! - q/k/v biases, per-head Q/K norms, or a layer whose RoPE differs from the global one:
-//!   a plain q/k/v matmul into a scratch row, then `heads.comp`;
+//! - q/k/v biases, per-head Q/K norms, neox RoPE, or a layer whose RoPE differs from the
+//!   global one: a plain q/k/v matmul into a scratch row, then `heads.comp`;
 //! - post-attention and post-FFN norms: the output matmuls store into a scratch row and
 //!   `post_norm.comp` adds the normed block output to the residual;
 //! - GELU gating: the `geglu` epilogue of the gate/up matmul;
 //! - the final logit softcap: `softcap.comp` after the logits.
 
-use arch::{Config, FfnAct};
+use arch::{Config, FfnAct, RopeMode};
 
 use crate::kernels::STEP_FREQS_MAX;
 
@@ -20,7 +20,8 @@ use crate::kernels::STEP_FREQS_MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GraphShape {
     /// RoPE and the KV-cache writes in the q/k/v matmul's epilogue (llama); else a plain
-    /// q/k/v matmul and `heads.comp`.
+    /// q/k/v matmul and `heads.comp`. The epilogue rotates and stores rows (2i, 2i+1)
+    /// together, so a neox model (pairs i, i + head_dim/2) takes heads.comp.
     pub fused_qkv: bool,
     /// The attention and FFN outputs are RMS-normed before the residual add.
     pub post_norms: bool,
@@ -32,7 +33,10 @@ impl GraphShape {
     pub fn of(cfg: &Config) -> GraphShape {
         let global_rope = (0..cfg.n_layers).all(|l| rope_table(cfg, l) == 0);
         GraphShape {
-            fused_qkv: !cfg.qkv_bias && !cfg.qk_norm && global_rope,
+            fused_qkv: !cfg.qkv_bias
+                && !cfg.qk_norm
+                && global_rope
+                && cfg.rope_mode == RopeMode::Normal,
             post_norms: cfg.post_norms,
             gelu: cfg.ffn_act == FfnAct::GeluTanh,
         }

@@ -25,7 +25,7 @@ pub use layer::LayerCalls;
 pub use matmul::MatmulCall;
 pub use record::{Head, Recorder};
 
-use arch::{Config, LayerTensor, ModelTensor, RopeMode};
+use arch::{Config, LayerTensor, ModelTensor};
 use gguf::GgmlType;
 use std::sync::Arc;
 
@@ -60,9 +60,6 @@ pub struct GpuModel {
     /// logits = cap·tanh(logits/cap), when the model caps them.
     pub softcap: Option<SoftcapCall>,
     pub argmax: DescriptorSet,
-    /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
-    pub neox: bool,
-    pub head_dim: u32,
     /// The batch kind prompt chunks run as (the GEMM where the device runs it).
     pub prefill: Batch,
     /// Texel views of the weights and activations the sets read: held, never read, so
@@ -83,9 +80,6 @@ pub(crate) struct Bind<'a> {
     pub acts: &'a Activations,
     pub dims: &'a Dims,
     pub shape: GraphShape,
-    /// Rope pairs (2i, 2i+1) or (i, i + head_dim/2).
-    pub neox: bool,
-    pub head_dim: u32,
 }
 
 impl GpuModel {
@@ -99,7 +93,6 @@ impl GpuModel {
         kernels: &mut Kernels,
     ) -> Result<GpuModel, EngineError> {
         let shape = GraphShape::of(cfg);
-        let neox = cfg.rope_mode == RopeMode::Neox;
         let hd = cfg.head_dim;
         if !hd.is_multiple_of(4)
             || hd / 2 > kernels::STEP_FREQS_MAX
@@ -111,11 +104,6 @@ impl GpuModel {
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 2 * kernels::STEP_FREQS_MAX
-            )));
-        }
-        if shape.fused_qkv && neox && !hd.is_multiple_of(16) {
-            return Err(EngineError::Unsupported(format!(
-                "neox rope fused into the q/k/v matmul with head_dim {hd} (a multiple of 16 is needed)"
             )));
         }
         if !cfg.attn_scale.is_finite() || cfg.attn_scale <= 0.0 {
@@ -143,8 +131,6 @@ impl GpuModel {
             acts,
             dims: &dims,
             shape,
-            neox,
-            head_dim: to_u32(hd as u64, "head_dim")?,
         };
         let mut views = Views::new(ctx, acts)?;
 
@@ -178,8 +164,6 @@ impl GpuModel {
             logits,
             softcap,
             argmax,
-            neox,
-            head_dim: b.head_dim,
             prefill: kernels.prefill_batch(),
             _views: views.all,
         })

@@ -142,7 +142,7 @@ pub(crate) fn post_norm(
 }
 
 /// att_out = softmax(q·K^T/sqrt(hd))·V over positions 0..=pos. Reads q and the caches
-/// (RGBA32F views `kc4`, `vc4`) and the step buffer; writes att_out.
+/// (RGBA16F views `kc4`, `vc4`) and the step buffer; writes att_out.
 pub(crate) fn attention<'v>(
     v: &'v Views,
     kc4: &'v BufferView,

@@ -15,13 +15,6 @@ use residency::ViewPart;
 /// A texel view spanning several weight parts, and each part's byte offset inside it.
 pub(crate) type SpanningView = (Arc<BufferView>, Vec<u64>);
 
-fn format_bytes(f: TexelFormat) -> u64 {
-    match f {
-        TexelFormat::R32Uint => 4,
-        TexelFormat::Rgba32Uint | TexelFormat::Rgba32Float => 16,
-    }
-}
-
 /// Texel views shared by the dispatches of the graph.
 pub(crate) struct Views {
     pub(crate) ctx: Arc<vk::Context>,
@@ -68,12 +61,12 @@ impl Views {
         })
     }
 
-    /// An RGBA32F view of an activation or cache buffer (kept alive by the model).
-    pub(crate) fn rgba(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
+    /// An RGBA16F view of a key or value cache (kept alive by the model).
+    pub(crate) fn cache(&mut self, binding: BufferBinding) -> Result<Arc<BufferView>, EngineError> {
         let v = Arc::new(BufferView::new(
             &self.ctx,
             binding,
-            TexelFormat::Rgba32Float,
+            TexelFormat::Rgba16Float,
         )?);
         self.all.push(Arc::clone(&v));
         Ok(v)
@@ -91,12 +84,12 @@ impl Views {
         let v = Arc::new(BufferView::new(&self.ctx, p.binding.clone(), format)?);
         // whole texels: the part's last bytes must not fall in a partial texel
         let end = p.byte_offset + p.n_rows * row_bytes;
-        if v.texels() * format_bytes(format) < end {
+        if v.texels() * format.size() < end {
             return Err(EngineError::Unsupported(format!(
                 "a {} weight part ending at byte {end} of a {}-byte binding that is not a whole number of {}-byte texels",
                 ty.name(),
                 p.binding.range,
-                format_bytes(format)
+                format.size()
             )));
         }
         self.all.push(Arc::clone(&v));
@@ -121,7 +114,7 @@ impl Views {
             return Ok(None);
         }
         let format = kernels::weight_texel_format(ty);
-        let texel = format_bytes(format);
+        let texel = format.size();
         let (align, max_texels) = self.ctx.texel_limits();
         let start = parts
             .iter()

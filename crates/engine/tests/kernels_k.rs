@@ -85,7 +85,7 @@ fn k_quant_matmul_matches_reference() {
                 .flat_map(|t| magnitudes(&w, cols, &x[t * cols..(t + 1) * cols]))
                 .collect();
             let tol = |i: usize| TOL_K * cols as f32 * U * mags[i] + 2.0 * U * init[i].abs() + 1e-6;
-            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols) {
+            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), cols) {
                 splits_seen.insert(k.split_k);
                 let out = upload(&ctx, "out", &init);
                 let xg = zeros(&ctx, "xg", n_tok * rows);
@@ -173,7 +173,7 @@ fn k_quant_logits_over_row_range_parts_match_reference() {
         let mut want = vec![0.0; rows];
         rk::matvec(ty, &bytes, rows, cols, &xn, &mut want).unwrap();
         let mags = magnitudes(&w, cols, &xn);
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), (false, 0), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), cols) {
             let out = zeros(&ctx, "out", rows);
             for (view, slot) in [
                 (
@@ -252,7 +252,7 @@ fn k_quant_gate_up_matches_reference() {
             upload(&ctx, "xg", &times_g(&x, &norm_w)),
         );
         let (xv, xgv) = (xview(&ctx, &xbuf), xview(&ctx, &xgbuf));
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), (false, 0), dim) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), dim) {
             let out = zeros(&ctx, "hb", n_tok * hidden);
             let bindings = MatmulBindings {
                 w0: &vg,
@@ -421,7 +421,6 @@ fn split_rows_do_not_depend_on_the_workgroup_pairs() {
                 wtype: ty,
                 in_mode,
                 out_mode,
-                neox: false,
                 wg,
                 pairs: ks.shapes().decode.pairs,
                 tb: 1,
@@ -524,7 +523,7 @@ fn texel_aligned_decoders_equal_the_general_ones() {
             let x = rng.vec(n_tok * cols, 1.0);
             let xbuf = upload(&ctx, "x", &x);
             let xv = xview(&ctx, &xbuf);
-            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols) {
+            for k in engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), cols) {
                 let mut outs = Vec::new();
                 for texel_aligned in [false, true] {
                     let k = kernels::MatmulKey { texel_aligned, ..k };

@@ -119,7 +119,7 @@ fn new_types_are_supported_and_every_variant_builds() {
         ] {
             for tb in kernels::MATMUL_TB {
                 if out_mode != OutMode::Store || tb == 1 {
-                    let k = row_key(ty, in_mode, out_mode, false, tb);
+                    let k = row_key(ty, in_mode, out_mode, tb);
                     ks.matmul(k).unwrap();
                     for split_k in 1..=kernels::SPLIT_MAX_CHUNKS_PER_LANE {
                         if tb == 1 && ks.column_split(8, 64 * 8 * split_k) == split_k {
@@ -178,7 +178,7 @@ fn matmul_add_matches_the_cpu_twin_at_odd_shapes() {
                 .flat_map(|t| magnitudes(&wf, cols, &x[t * cols..(t + 1) * cols]))
                 .collect();
             let tol = |i: usize| TOL_K * cols as f32 * U * mags[i] + 1e-6 + 2.0 * U * init[i].abs();
-            let keys = engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), (false, 0), cols);
+            let keys = engine_keys(&ks, ty, (InMode::Plain, OutMode::Add), cols);
             if cols >= 576 {
                 assert!(
                     keys.iter().any(|k| k.split_k > 0) || ks.column_split(8, 576) == 0,
@@ -277,7 +277,7 @@ fn logits_and_swiglu_match_the_cpu_twin() {
         }
         let e = (TOL_K * cols as f32 + 8.0) * U;
         // the logits: one token at a time, as the engine reads them
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), (false, 0), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Store), cols) {
             let out = zeros(&ctx, "out", n_tok * rows);
             let bindings = MatmulBindings {
                 w0: &va,
@@ -324,7 +324,7 @@ fn logits_and_swiglu_match_the_cpu_twin() {
                 + 1e-5 * want[i].abs()
                 + 1e-6
         };
-        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), (false, 0), cols) {
+        for k in engine_keys(&ks, ty, (InMode::RmsNorm, OutMode::Glu), cols) {
             let out = zeros(&ctx, "hb", n_tok * rows);
             let bindings = MatmulBindings {
                 w0: &va,

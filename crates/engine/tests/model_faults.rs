@@ -64,5 +64,5 @@ fn a_context_whose_cache_size_overflows_is_refused() {
         other => panic!("expected ContextTooLarge, got {other:?}"),
     }
     let ok = ActivationSizes::new(&cfg, 64, 64).unwrap();
-    assert_eq!(ok.kv, 64 * cfg.kv_dim() as u64 * 4);
+    assert_eq!(ok.kv, 64 * cfg.kv_dim() as u64 * 2);
 }

@@ -23,8 +23,6 @@ use gguf::GgufFile;
 use reference::{forward, forward_layers, generate_greedy_traced, Model, State};
 
 const FILE: &str = "gemma-3-270m-q4_k_m.gguf";
-/// First-position logits: |gpu - reference| at most this (a wrong row, scale or norm moves logits by O(1)).
-const LOGIT_TOL: f32 = 0.002;
 /// `<eos>`, `<end_of_turn>`: generation ends on these (docs/facts.md, "Gemma 3 270M").
 const EOG: [u32; 2] = [1, 106];
 

@@ -2,10 +2,11 @@
 //! Q4_1 original, both in models/ from `models/fetch`) on the GPU against the f32 CPU
 //! reference and against llama.cpp's Vulkan backend as recorded when llama.cpp was run here.
 //!
-//! Tolerance on logits: TOL = 0.002 absolute (the logits are O(10), so ~1e-4 relative).
-//! The GPU sums in a different order than the reference over 30 layers; the largest
-//! difference measured on these prompts is 1.2e-4 (the tests print theirs), so TOL leaves
-//! a margin of over 10x while a wrong row, scale or position moves logits by O(1).
+//! Tolerance on logits: TOL = `common::LOGIT_TOL` (0.01) absolute (the logits are O(10)).
+//! The GPU sums in a different order than the reference over 30 layers (1.2e-4 apart with
+//! f32 caches), and a key whose two f32 values straddle an f16 rounding edge is cached one
+//! f16 step apart (up to 0.0042 measured on these prompts; the tests print theirs), while
+//! a wrong row, scale or position moves logits by O(1).
 //! llama.cpp-Vulkan agrees with the reference within 0.01 on the recorded cases; the top-5
 //! logits are bounded at 0.05, five times that agreement.
 //! Greedy ids must equal the reference's; a divergence is tolerated only at a step whose
@@ -19,7 +20,7 @@ use common::*;
 use engine::{Session, SessionOptions, WeightsMode};
 use reference::{forward, Model, State};
 
-const TOL: f32 = 0.002;
+const TOL: f32 = LOGIT_TOL;
 const EOS: u32 = 2;
 const FRANCE: [u32; 5] = [504, 3575, 282, 4649, 314];
 const FIB: [u32; 6] = [1604, 3987, 46477, 24, 94, 727];

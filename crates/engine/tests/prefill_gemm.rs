@@ -2,7 +2,7 @@
 //!
 //! - Model: the last prompt position's logits of a chunked prefill (the GEMM, chunks of
 //!   [`Session::prefill_chunk`] tokens) equal the token-by-token decode path's logits at
-//!   that position within TOL = 0.002, for prompts of 1, 63, 64, 65, 511 and 767 tokens
+//!   that position within TOL (`common::LOGIT_TOL`), for prompts of 1, 63, 64, 65, 511 and 767 tokens
 //!   (12 chunks of 64, the last one partial: many chunks and a partial one, as 1500
 //!   tokens checked before at twice the time; the token-by-token pass is the cost).
 //!   One token-by-token pass over the longest prompt gives the reference logits of every
@@ -29,7 +29,7 @@ use engine::kernels::{InMode, Kernels, MatmulBindings, MatmulKey, MatmulPush, Ou
 use engine::{Session, SessionOptions};
 use gguf::GgmlType;
 
-const TOL: f32 = 0.002;
+const TOL: f32 = LOGIT_TOL;
 const LENGTHS: [usize; 6] = [1, 63, 64, 65, 511, 767];
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -153,7 +153,6 @@ fn gemm_matches_cpu_matmul_at_odd_shapes() {
                     wtype: ty,
                     in_mode: InMode::Plain,
                     out_mode: OutMode::Add,
-                    neox: false,
                     wg: GEMM_SHAPE.wg,
                     pairs: GEMM_SHAPE.pairs,
                     tb: GEMM_SHAPE.tb,

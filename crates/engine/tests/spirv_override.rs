@@ -19,10 +19,10 @@ use vk::{BufferView, TexelFormat};
 
 #[test]
 fn a_kernel_is_built_from_the_replacement_module() {
-    let add = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4)
+    let add = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, 4)
         .kernel()
         .unwrap();
-    let store = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, false, 4)
+    let store = row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Store, 4)
         .kernel()
         .unwrap();
     assert_eq!(add.name(), "matmul.q8_0.tb4.add");
@@ -64,14 +64,8 @@ fn a_kernel_is_built_from_the_replacement_module() {
     // Each key over an output of ones: the 4-token add kernel now runs the store module, so
     // the ones are overwritten; the 1-token add kernel has no file and still adds to them.
     for (k, added) in [
-        (
-            row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 4),
-            0.0,
-        ),
-        (
-            row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, false, 1),
-            1.0,
-        ),
+        (row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, 4), 0.0),
+        (row_key(GgmlType::Q8_0, InMode::Plain, OutMode::Add, 1), 1.0),
     ] {
         let out = upload(&ctx, "out", &vec![1f32; rows * n_tok]);
         let bindings = MatmulBindings {

@@ -10,7 +10,7 @@
 //! optional softcap.
 
 use crate::kernels::{
-    add, argmax, attention_ext, geglu, rmsnorm, rmsnorm_heads, rope_ext, softcap, swiglu,
+    add, argmax, attention_ext, geglu, rmsnorm, rmsnorm_heads, rope_ext, softcap, store_f16, swiglu,
 };
 use crate::{Model, RefError, State};
 use arch::FfnAct;
@@ -102,8 +102,9 @@ pub fn forward_layers(
         }
 
         let row = pos * kv_dim..(pos + 1) * kv_dim;
-        s.key_cache[l][row.clone()].copy_from_slice(&s.k);
-        s.value_cache[l][row].copy_from_slice(&s.v);
+        // the caches hold f16, as the engine's
+        store_f16(&mut s.key_cache[l][row.clone()], &s.k);
+        store_f16(&mut s.value_cache[l][row], &s.v);
         attention_ext(
             &s.q,
             &s.key_cache[l],

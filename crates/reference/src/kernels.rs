@@ -10,6 +10,7 @@
 //! that read packed GGUF weight bytes validate them and return [`RefError`].
 
 use gguf::GgmlType;
+use half::f16;
 
 use crate::RefError;
 
@@ -226,10 +227,10 @@ pub fn rope_ext(
 /// Decode attention of one query over a KV cache, with grouped-query heads.
 /// [`attention_ext`] with scale `1/sqrt(head_dim)` over every position `0..n_pos`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub fn attention<T: Copy + Into<f32>>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -247,16 +248,17 @@ pub fn attention(
 ///
 /// - `q`: `n_heads·head_dim` (head-major);
 /// - `k_cache`, `v_cache`: at least `n_pos` rows of `n_kv_heads·head_dim`, position-major
-///   (row `t` is the key/value written at position `t`);
+///   (row `t` is the key/value written at position `t`), f32 or (as the forward pass
+///   keeps them, like the engine) f16;
 /// - query head `h` reads kv head `h / (n_heads / n_kv_heads)`;
 /// - for each head: `s_t = (q_h · k_t)·scale` for `t` in `first..n_pos`,
 ///   `p = softmax(s)`, `out_h = Σ_t p_t · v_t`; positions before `first` are not read;
 /// - `out`: `n_heads·head_dim`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_ext(
+pub fn attention_ext<T: Copy + Into<f32>>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -283,19 +285,23 @@ pub fn attention_ext(
     );
     let group = n_heads / n_kv_heads;
     let mut scores = vec![0.0f32; n_pos - first];
+    let mut key = vec![0.0f32; head_dim];
     for h in 0..n_heads {
         let kvh = h / group;
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let at = |t: usize| t * kv_dim + kvh * head_dim..t * kv_dim + (kvh + 1) * head_dim;
         for (i, s) in scores.iter_mut().enumerate() {
-            *s = dot(qh, &k_cache[at(first + i)]) * scale;
+            for (r, &x) in key.iter_mut().zip(&k_cache[at(first + i)]) {
+                *r = x.into();
+            }
+            *s = dot(qh, &key) * scale;
         }
         softmax(&mut scores);
         let oh = &mut out[h * head_dim..(h + 1) * head_dim];
         oh.fill(0.0);
         for (i, &p) in scores.iter().enumerate() {
             for (o, &v) in oh.iter_mut().zip(&v_cache[at(first + i)]) {
-                *o += p * v;
+                *o += p * v.into();
             }
         }
     }
@@ -367,6 +373,14 @@ pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
 pub fn softcap(x: &mut [f32], cap: f32) {
     for v in x.iter_mut() {
         *v = cap * (*v / cap).tanh();
+    }
+}
+
+/// `dst = src` as f16: a KV-cache row as the engine stores it (f16, llama.cpp's default
+/// cache type).
+pub fn store_f16(dst: &mut [f16], src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(s);
     }
 }
 

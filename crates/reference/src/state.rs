@@ -5,6 +5,7 @@
 
 use crate::RefError;
 use arch::Config;
+use half::f16;
 
 /// Activations and the KV cache, allocated once.
 #[derive(Clone, Debug)]
@@ -34,15 +35,15 @@ pub struct State {
     /// `[vocab]`
     pub logits: Vec<f32>,
     /// Per layer `[ctx_len][kv_dim]` (position-major).
-    pub key_cache: Vec<Vec<f32>>,
+    pub key_cache: Vec<Vec<f16>>,
     /// Per layer `[ctx_len][kv_dim]` (position-major).
-    pub value_cache: Vec<Vec<f32>>,
+    pub value_cache: Vec<Vec<f16>>,
 }
 
 /// Bytes the KV cache of `ctx_len` positions takes for `cfg` (keys and values, every
-/// layer, f32), exact in u128 (no overflow for any `usize` inputs).
+/// layer, f16 as the engine's), exact in u128 (no overflow for any `usize` inputs).
 pub fn kv_cache_bytes(cfg: &Config, ctx_len: usize) -> u128 {
-    2 * cfg.n_layers as u128 * ctx_len as u128 * cfg.kv_dim() as u128 * 4
+    2 * cfg.n_layers as u128 * ctx_len as u128 * cfg.kv_dim() as u128 * 2
 }
 
 impl State {
@@ -60,7 +61,7 @@ impl State {
         };
         let per_layer = ctx_len
             .checked_mul(cfg.kv_dim())
-            .filter(|n| n.checked_mul(4).is_some())
+            .filter(|n| n.checked_mul(2).is_some())
             .ok_or_else(|| too_large("larger than the address space".into()))?;
         if let Some(avail) = available_memory() {
             if bytes > u128::from(avail) {
@@ -76,11 +77,18 @@ impl State {
             v.resize(n, 0.0);
             Ok(v)
         };
+        let cache = |n: usize| -> Result<Vec<f16>, RefError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|e| too_large(format!("allocation failed: {e}")))?;
+            v.resize(n, f16::ZERO);
+            Ok(v)
+        };
         let mut key_cache = Vec::new();
         let mut value_cache = Vec::new();
         for _ in 0..cfg.n_layers {
-            key_cache.push(zeros(per_layer)?);
-            value_cache.push(zeros(per_layer)?);
+            key_cache.push(cache(per_layer)?);
+            value_cache.push(cache(per_layer)?);
         }
         let (dim, q, kv, h) = (cfg.dim, cfg.q_dim(), cfg.kv_dim(), cfg.hidden_dim);
         Ok(State {

@@ -147,8 +147,8 @@ fn gemma3_sliding_window_layers_never_read_past_their_window() {
     for l in 0..2 {
         let first = cfg.layer_attention(l).first_visible(pos);
         assert_eq!(first, 8);
-        poisoned.key_cache[l][..first * kv].fill(f32::NAN);
-        poisoned.value_cache[l][..first * kv].fill(f32::NAN);
+        poisoned.key_cache[l][..first * kv].fill(half::f16::NAN);
+        poisoned.value_cache[l][..first * kv].fill(half::f16::NAN);
     }
     let got = forward(&model, &mut poisoned, tokens[pos], pos, &mut |_, _| {}).unwrap();
     assert_eq!(
@@ -160,14 +160,14 @@ fn gemma3_sliding_window_layers_never_read_past_their_window() {
     // The same poison in the global layer reaches the logits (it sees everything), and
     // the first in-window position of a local layer is read.
     let mut global = clean.clone();
-    global.value_cache[2][..kv].fill(f32::NAN);
+    global.value_cache[2][..kv].fill(half::f16::NAN);
     let got = forward(&model, &mut global, tokens[pos], pos, &mut |_, _| {}).unwrap();
     assert!(
         got.iter().all(|v| v.is_nan()),
         "the global layer ignored position 0"
     );
     let mut edge = clean.clone();
-    edge.value_cache[0][8 * kv..9 * kv].fill(f32::NAN);
+    edge.value_cache[0][8 * kv..9 * kv].fill(half::f16::NAN);
     let got = forward(&model, &mut edge, tokens[pos], pos, &mut |_, _| {}).unwrap();
     assert!(
         got.iter().all(|v| v.is_nan()),

@@ -304,8 +304,8 @@ fn sliding_window_bites_past_512_positions() {
     let mut poisoned = clean.clone();
     for l in (0..18).filter(|l| l % 6 != 5) {
         assert_eq!(cfg.layer_attention(l).first_visible(pos), first);
-        poisoned.key_cache[l][..first * kv].fill(f32::NAN);
-        poisoned.value_cache[l][..first * kv].fill(f32::NAN);
+        poisoned.key_cache[l][..first * kv].fill(half::f16::NAN);
+        poisoned.value_cache[l][..first * kv].fill(half::f16::NAN);
     }
     let got = forward(&g.model, &mut poisoned, ids[pos], pos, &mut |_, _| {}).unwrap();
     assert_eq!(
@@ -315,7 +315,7 @@ fn sliding_window_bites_past_512_positions() {
     );
     // A global layer does read position 0.
     let mut global = clean;
-    global.value_cache[5][..kv].fill(f32::NAN);
+    global.value_cache[5][..kv].fill(half::f16::NAN);
     let got = forward(&g.model, &mut global, ids[pos], pos, &mut |_, _| {}).unwrap();
     assert!(
         got.iter().all(|v| v.is_nan()),

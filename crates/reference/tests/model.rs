@@ -63,8 +63,9 @@ fn forward_from_packed(bytes: &[u8], tokens: &[u32]) -> (Vec<Vec<f32>>, Vec<f32>
                 cfg.rope_base,
                 RopeMode::Normal,
             );
-            kc[l].extend_from_slice(&k);
-            vc[l].extend_from_slice(&v);
+            // the caches keep f16, as forward's (and the engine's)
+            kc[l].extend(k.iter().map(|&x| half::f16::from_f32(x)));
+            vc[l].extend(v.iter().map(|&x| half::f16::from_f32(x)));
             let mut att = vec![0.0; cfg.n_heads * hd];
             kernels::attention(
                 &q,

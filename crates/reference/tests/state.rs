@@ -45,10 +45,10 @@ fn crafted_context_lengths_are_errors_naming_context_and_bytes() {
             assert!(msg.contains(&bytes.to_string()), "{msg}");
         }
     }
-    // A claimed context of 2^32-1 on SmolLM2: 2 x 30 layers x (2^32-1) x 192 x 4 bytes.
+    // A claimed context of 2^32-1 on SmolLM2: 2 x 30 layers x (2^32-1) x 192 x 2 bytes.
     assert_eq!(
         kv_cache_bytes(&smollm2_shape(), (1 << 32) - 1),
-        2 * 30 * ((1u128 << 32) - 1) * 192 * 4
+        2 * 30 * ((1u128 << 32) - 1) * 192 * 2
     );
 }
 
@@ -84,5 +84,5 @@ fn state_sized_normally_still_works() {
     let s = State::try_new(&cfg, 256).unwrap();
     assert_eq!(s.key_cache.len(), 2);
     assert!(s.key_cache.iter().all(|c| c.len() == 256 * 32));
-    assert_eq!(kv_cache_bytes(&cfg, 256), 2 * 2 * 256 * 32 * 4);
+    assert_eq!(kv_cache_bytes(&cfg, 256), 2 * 2 * 256 * 32 * 2);
 }

@@ -211,12 +211,18 @@ pub fn plan_shards(
             continue;
         }
         // Row ranges: each piece starts on a 4-byte boundary (rows per piece a multiple
-        // of `step`) and fits a shard (worst case: 2 pages of slack) and a binding.
+        // of `step`) and, where two rows fit, on an even row (the matmul kernels write
+        // rows in pairs, and a pair of key or value rows is one word of the f16 KV
+        // cache), and fits a shard (worst case: 2 pages of slack) and a binding.
         let step = 4 / gcd(row_bytes, 4);
         let budget_shard = cap_eff.saturating_sub(2 * align);
         let budget_bind = max_range.saturating_sub(bind_align + 4);
         let budget = budget_shard.min(budget_bind);
-        let rows = budget / row_bytes / step * step;
+        let even = step.max(2);
+        let rows = match budget / row_bytes / even * even {
+            0 => budget / row_bytes / step * step,
+            rows => rows,
+        };
         if rows == 0 {
             return Err(PlanError::RowTooLarge {
                 index,
@@ -432,25 +438,28 @@ mod tests {
     }
 
     #[test]
-    fn odd_row_bytes_keep_parts_on_word_boundaries() {
-        // Q8_0 row of 17 blocks = 578 bytes (578 % 4 == 2): parts must hold even rows.
-        let rows = 3001u64;
-        let tensors = [(0u64, rows * 578, 578u64)];
-        let len = rows * 578;
-        let plan = plan_shards(
-            &tensors,
-            len,
-            round_up(len, 4096),
-            4096,
-            64 * KIB,
-            128 * MIB,
-            16,
-        )
-        .unwrap();
-        for p in &plan.placements[0] {
-            assert_eq!((p.first_row * 578) % 4, 0);
+    fn parts_start_on_word_boundaries_and_even_rows() {
+        // A Q8_0 row of 17 blocks = 578 bytes (578 % 4 == 2: parts must hold even rows to
+        // start on a word), and 20-byte rows (any row is word-aligned; 2867 of them would
+        // fill a 64 KiB shard's budget): every part starts on a word and on an even row, so
+        // the kernels' row pairs (one f16 word of the KV cache) never straddle two parts.
+        for (row_bytes, rows) in [(578u64, 3001u64), (20, 20_001)] {
+            let tensors = [(0u64, rows * row_bytes, row_bytes)];
+            let len = rows * row_bytes;
+            let mapping = round_up(len, 4096);
+            let plan = plan_shards(&tensors, len, mapping, 4096, 64 * KIB, 128 * MIB, 16).unwrap();
+            assert!(plan.placements[0].len() > 3);
+            for p in &plan.placements[0] {
+                assert_eq!((p.first_row * row_bytes) % 4, 0);
+                assert_eq!(
+                    p.first_row % 2,
+                    0,
+                    "{row_bytes}-byte rows: part at row {}",
+                    p.first_row
+                );
+            }
+            check(&plan, &tensors, mapping, 128 * MIB, 16);
         }
-        check(&plan, &tensors, round_up(len, 4096), 128 * MIB, 16);
     }
 
     #[test]

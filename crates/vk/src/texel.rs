@@ -20,6 +20,8 @@ pub enum TexelFormat {
     Rgba32Uint,
     /// Four f32 per texel (`textureBuffer`).
     Rgba32Float,
+    /// Four f16 per texel, read as f32 (`textureBuffer`).
+    Rgba16Float,
 }
 
 impl TexelFormat {
@@ -28,6 +30,7 @@ impl TexelFormat {
             TexelFormat::R32Uint => vk::Format::R32_UINT,
             TexelFormat::Rgba32Uint => vk::Format::R32G32B32A32_UINT,
             TexelFormat::Rgba32Float => vk::Format::R32G32B32A32_SFLOAT,
+            TexelFormat::Rgba16Float => vk::Format::R16G16B16A16_SFLOAT,
         }
     }
 
@@ -35,6 +38,7 @@ impl TexelFormat {
     pub fn size(self) -> u64 {
         match self {
             TexelFormat::R32Uint => 4,
+            TexelFormat::Rgba16Float => 8,
             TexelFormat::Rgba32Uint | TexelFormat::Rgba32Float => 16,
         }
     }

@@ -6,6 +6,7 @@
 use arch::Config;
 
 use crate::generate::GenerateError;
+use crate::kernels::KV_BYTES;
 
 /// The context a caller asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub enum CtxRequest {
 pub struct Budget {
     /// Bytes the whole KV cache may take.
     pub bytes: u64,
-    /// Largest single KV buffer (one layer's keys, `ctx · kv_dim · 4`); `u64::MAX` when
+    /// Largest single KV buffer (one layer's keys, `ctx · kv_dim · 2`); `u64::MAX` when
     /// the backend has no such limit.
     pub max_buffer: u64,
     /// What `bytes` was taken from, for messages.
@@ -40,18 +41,18 @@ pub struct CtxChoice {
     pub note: Option<String>,
 }
 
-/// `2 · n_layers · ctx · kv_dim · 4`: the f32 keys and values of every layer;
+/// `2 · n_layers · ctx · kv_dim · 2`: the f16 keys and values of every layer;
 /// `None` on overflow.
 pub fn kv_cache_bytes(cfg: &Config, ctx_len: u64) -> Option<u64> {
     2u64.checked_mul(cfg.n_layers as u64)?
-        .checked_mul(ctx_len)?
-        .checked_mul(cfg.kv_dim() as u64)?
-        .checked_mul(4)
+        .checked_mul(kv_layer_bytes(cfg, ctx_len)?)
 }
 
-/// One layer's key buffer, `ctx · kv_dim · 4`; `None` on overflow.
+/// One layer's key buffer, `ctx · kv_dim · 2` ([`KV_BYTES`]); `None` on overflow.
 pub fn kv_layer_bytes(cfg: &Config, ctx_len: u64) -> Option<u64> {
-    ctx_len.checked_mul(cfg.kv_dim() as u64)?.checked_mul(4)
+    ctx_len
+        .checked_mul(cfg.kv_dim() as u64)?
+        .checked_mul(KV_BYTES)
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -263,8 +264,9 @@ mod tests {
     #[test]
     fn kv_bytes_are_checked() {
         let cfg = smollm(8192);
-        // 2 · 30 · 8192 · 192 · 4: the 377 MB a crafted context length once made the engine allocate.
-        assert_eq!(kv_cache_bytes(&cfg, 8192), Some(377_487_360));
+        // 2 · 30 · 8192 · 192 · 2 (f16): half the 377 MB (f32) a crafted context length
+        // once made the engine allocate.
+        assert_eq!(kv_cache_bytes(&cfg, 8192), Some(188_743_680));
         assert_eq!(kv_cache_bytes(&cfg, 1 << 58), None);
         assert_eq!(kv_cache_bytes(&cfg, u64::MAX), None);
     }
@@ -279,7 +281,7 @@ mod tests {
             "{msg}"
         );
         let e = resolve(&cfg, CtxRequest::Exact(100_000), &budget(1 << 30)).unwrap_err();
-        assert!(e.to_string().contains("4608000000 bytes"), "{e}");
+        assert!(e.to_string().contains("2304000000 bytes"), "{e}");
     }
 
     #[test]
@@ -288,8 +290,8 @@ mod tests {
         assert_eq!(c.ctx_len, 8192);
         assert!(c.note.unwrap().contains("8192"));
         let c = resolve(&smollm(1 << 58), CtxRequest::Model, &budget(1 << 30)).unwrap();
-        // half of 1 GiB over 46080 bytes per position
-        assert_eq!(c.ctx_len, (1u64 << 29) as usize / 46080);
+        // half of 1 GiB over 23040 bytes per position
+        assert_eq!(c.ctx_len, (1u64 << 29) as usize / 23040);
         assert!(c.note.unwrap().contains("capped"));
         assert!(resolve(&smollm(0), CtxRequest::Model, &budget(1 << 30)).is_err());
     }
@@ -304,10 +306,10 @@ mod tests {
 
     #[test]
     fn one_layer_beyond_the_buffer_range_is_refused() {
-        // 174763 positions · 768 bytes > 128 MiB, though the whole cache fits the budget
+        // 349526 positions · 384 bytes > 128 MiB, though the whole cache fits the budget
         let e = resolve(
             &smollm(1 << 20),
-            CtxRequest::Exact(174_763),
+            CtxRequest::Exact(349_526),
             &budget(1 << 40),
         )
         .unwrap_err();

@@ -53,7 +53,8 @@ pub(super) fn attention_desc(head_dim: u32) -> Result<PipelineDesc, EngineError>
 /// What the attention kernel binds, by name (GLSL: `shaders/attention.comp`).
 #[derive(Clone)]
 pub struct AttentionBindings<'a> {
-    /// q, and the layer's key and value caches, as RGBA32F texels.
+    /// q as RGBA32F texels, and the layer's key and value caches as RGBA16F texels (f16,
+    /// [`super::KV_BYTES`]).
     pub q: &'a BufferView,
     pub k_cache: &'a BufferView,
     pub v_cache: &'a BufferView,

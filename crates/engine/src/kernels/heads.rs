@@ -1,6 +1,7 @@
 //! `heads.comp`: the per-head steps between a plain q/k/v matmul and attention (q/k/v
 //! biases, per-head Q/K RMS norms, RoPE with the layer's frequency table, q and the
-//! KV-cache writes), for the families llama's fused epilogue does not cover. The
+//! KV-cache writes, f16), for the families llama's fused epilogue does not cover (and
+//! every neox model's q/k/v: `graph::GraphShape::fused_qkv`). The
 //! contract: [`HeadsPush`], one variant, [`HeadsBindings`].
 
 use bytemuck::{Pod, Zeroable};

@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 use gguf::GgmlType;
 use vk::{BufferBinding, BufferView, Descriptor, DescriptorKind, PipelineDesc, Shader};
 
-use super::{supported_weight_type, Kernel};
+use super::{supported_weight_type, Kernel, KV_BYTES};
 use crate::EngineError;
 
 /// Push constants of `matmul.comp` (GLSL twin: `shaders/include/matmul_push.glsl`).
@@ -34,10 +34,8 @@ pub struct MatmulPush {
     pub aux_ofs: u32,
     /// OUT_ADD: also write `out1 = x * aux` (the next rmsnorm's input), when non-zero.
     pub write_xg: u32,
-    /// OUT_QKV: rope pairs `(i, i + head_dim/2)` (neox) when non-zero, else `(2i, 2i+1)`.
-    pub rope_neox: u32,
 }
-const _: () = assert!(std::mem::size_of::<MatmulPush>() == 108);
+const _: () = assert!(std::mem::size_of::<MatmulPush>() == 104);
 
 /// How the matmul kernels read their input (define `IN_RMSNORM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,8 +53,8 @@ pub enum OutMode {
     Store = 0,
     /// `out0 += Y` (the residual add), and optionally `out1 = out0 ∘ aux`.
     Add = 1,
-    /// Views q, k, v: rope q and k; q to out0, k and v to the caches (out1, out2) at
-    /// position `pos0 + t`.
+    /// Views q, k, v: rope q and k (pairs `(2i, 2i+1)`); q to out0, k and v to the
+    /// caches (out1, out2: f16, a pair per word) at each token's cache row.
     Qkv = 2,
     /// Views gate, up: `out0 = silu(gate·x) * (up·x)`.
     Glu = 3,
@@ -99,9 +97,6 @@ pub struct MatmulKey {
     pub wtype: GgmlType,
     pub in_mode: InMode,
     pub out_mode: OutMode,
-    /// Rope pairs `(i, i + head_dim/2)` (OUT_QKV only): a push-constant flag, in the key
-    /// because a workgroup must then hold whole heads (it sets `pairs`).
-    pub neox: bool,
     /// Invocations per workgroup.
     pub wg: u32,
     /// Row pairs per invocation.
@@ -303,14 +298,15 @@ pub fn matmul_write_bytes(
             .max()
             .unwrap_or(0)
     };
-    // bytes up to row `end` of token row `n - 1`, rows `ld` floats apart
-    let bytes = |n: u64, ld: u32, end: u64| {
+    // bytes up to row `end` of token row `n - 1`, rows `ld` elements of `size` bytes apart
+    let sized = |size: u64, n: u64, ld: u32, end: u64| {
         if end == 0 || n == 0 {
             0
         } else {
-            ((n - 1) * u64::from(ld) + end) * 4
+            ((n - 1) * u64::from(ld) + end) * size
         }
     };
+    let bytes = |n, ld, end| sized(4, n, ld, end);
     let n_tok = u64::from(push.n_tok);
     match out_mode {
         // a store of several views (a plain q/k/v) writes every view's rows into out0
@@ -322,8 +318,8 @@ pub fn matmul_write_bytes(
         }
         OutMode::Qkv => [
             bytes(n_tok, push.out_ld, end(Some(0))),
-            bytes(ctx_len as u64, push.kv_ld, end(Some(1))),
-            bytes(ctx_len as u64, push.kv_ld, end(Some(2))),
+            sized(KV_BYTES, ctx_len as u64, push.kv_ld, end(Some(1))),
+            sized(KV_BYTES, ctx_len as u64, push.kv_ld, end(Some(2))),
         ],
     }
 }
@@ -439,8 +435,8 @@ mod tests {
             matmul_write_bytes(OutMode::Qkv, false, &qkv, &push, 100),
             [
                 (2 * 576 + 576) * 4,
-                (99 * 192 + 192) * 4,
-                (99 * 192 + 192) * 4
+                (99 * 192 + 192) * 2,
+                (99 * 192 + 192) * 2
             ]
         );
         // a row-range part ending at row 400 of 576: its token rows end there

@@ -56,6 +56,11 @@ pub const KERNELS_ENV: &str = "VKDECODE_KERNELS";
 pub const CHUNK: usize = 64;
 /// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
 pub const STEP_FREQS_MAX: usize = 128;
+/// Bytes of one key or value element in the KV cache: f16, as llama.cpp's default cache
+/// type (half the memory of f32; the CPU reference rounds its keys and values the same
+/// way). The writers store pairs of elements as one word (`packHalf2x16`), attention
+/// reads the caches through RGBA16F texel views.
+pub const KV_BYTES: u64 = 2;
 /// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
 pub const MAX_REDUCE_WG: u32 = 256;
 
@@ -229,20 +234,10 @@ impl Kernels {
 
     /// The matmul pipeline key of a dispatch of variant `v` for a batch kind, in this
     /// device's shapes.
-    pub fn matmul_key(
-        &self,
-        v: &MatmulVariant,
-        batch: Batch,
-        neox: bool,
-        head_dim: u32,
-    ) -> MatmulKey {
+    pub fn matmul_key(&self, v: &MatmulVariant, batch: Batch) -> MatmulKey {
         let shape = self.shapes.of(batch, v.last_token_only);
-        let qkv_neox = v.out_mode == OutMode::Qkv && neox;
         let split_k = if shape.tb == 1 { v.split_k } else { 0 };
-        let pairs = if qkv_neox {
-            // a workgroup must hold whole heads so that both rows of a pair are its own
-            (head_dim / (2 * shape.wg)).max(1)
-        } else if split_k > 0 && v.pairs > 0 {
+        let pairs = if split_k > 0 && v.pairs > 0 {
             v.pairs
         } else {
             shape.pairs
@@ -251,7 +246,6 @@ impl Kernels {
             wtype: v.wtype,
             in_mode: v.in_mode,
             out_mode: v.out_mode,
-            neox: qkv_neox,
             wg: shape.wg,
             pairs,
             tb: shape.tb,

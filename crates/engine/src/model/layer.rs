@@ -136,7 +136,7 @@ impl Recorder<'_> {
         let f = 4u64;
         let need_q = u64::from(self.n_tok) * u64::from(push.q_ld) * f;
         check_fits("heads", "q", need_q, self.acts.q.size())?;
-        let need_kv = self.ctx_len as u64 * u64::from(push.kv_ld) * f;
+        let need_kv = self.ctx_len as u64 * u64::from(push.kv_ld) * kernels::KV_BYTES;
         check_fits("heads", "k_cache", need_kv, self.acts.key_cache[l].size())?;
         check_fits("heads", "v_cache", need_kv, self.acts.value_cache[l].size())?;
         let need_in = u64::from(self.n_tok) * u64::from(push.qkv_ld) * f;
@@ -255,9 +255,9 @@ impl LayerCalls {
         // SiLU or GELU gating in the gate/up epilogue
         let gate_up = step::gate_up(l, &lw, &io, shape.gelu);
         let (kc, vc) = (acts.key_cache[l].binding(), acts.value_cache[l].binding());
-        let (kc4, vc4) = (views.rgba(kc)?, views.rgba(vc)?);
+        let (kc4, vc4) = (views.cache(kc)?, views.cache(vc)?);
         let attention = kernels
-            .attention(b.head_dim)?
+            .attention(to_u32(cfg.head_dim as u64, "head_dim")?)?
             .descriptor_set_with(&step::attention(views, &kc4, &vc4, acts).descriptors())?;
         let mut calls = |s| matmul_calls(s, b, kernels, views);
         Ok(LayerCalls {

@@ -273,7 +273,7 @@ pub(super) fn matmul_calls(
         };
         // the prefill pipeline has an identical set layout, so it accepts this set too
         let set = kernels
-            .matmul(kernels.matmul_key(&variant, Batch::Decode, b.neox, b.head_dim))?
+            .matmul(kernels.matmul_key(&variant, Batch::Decode))?
             .descriptor_set_with(&bindings.descriptors())?;
         calls.push(MatmulCall {
             name: if n_groups == 1 {
@@ -321,7 +321,7 @@ impl Recorder<'_> {
             };
             let key = self
                 .kernels
-                .matmul_key(&variant, self.batch, self.model.neox, self.model.head_dim)
+                .matmul_key(&variant, self.batch)
                 .for_tokens(n_tok);
             // created here on first use: a step that no run takes (a small tile, the
             // batched head) costs neither load time nor the driver's memory for its code
@@ -337,7 +337,6 @@ impl Recorder<'_> {
                 eps: self.cfg.rms_eps,
                 aux_ofs: call.aux_ofs,
                 write_xg: u32::from(call.write_xg),
-                rope_neox: u32::from(key.neox),
                 ..MatmulPush::default()
             };
             let groups = kernels::matmul_layout(&key, &mut push, &call.slots);

@@ -60,7 +60,7 @@ pub struct SlotsInfo {
     pub slots: usize,
     /// Positions each slot's KV cache holds.
     pub ctx_per_slot: usize,
-    /// Bytes of one slot's KV cache (`2 · n_layers · ctx · kv_dim · 4`).
+    /// Bytes of one slot's KV cache (`2 · n_layers · ctx · kv_dim · 2`: f16).
     pub kv_bytes_per_slot: u64,
     /// Bytes of every slot's KV cache together.
     pub kv_bytes: u64,

@@ -13,16 +13,15 @@ use engine::kernels::{Batch, MatmulVariant};
 use gguf::GgmlType;
 use vk::{Buffer, BufferView, CommandBuffer, Context, DescriptorSet, Pipeline, TexelFormat};
 
-use super::{read_f32, step_buffer, upload, zeros};
+use super::{read_f32, step_buffer, upload, upload_f16, zeros};
 
 /// A matmul key of 8-lane workgroups with 4 row pairs, lanes owning rows (no column
 /// split), `tb` tokens per invocation (1 or 4: matmul.comp; 8 or 2: the GEMM's tile).
-pub fn row_key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, neox: bool, tb: u32) -> MatmulKey {
+pub fn row_key(ty: GgmlType, in_mode: InMode, out_mode: OutMode, tb: u32) -> MatmulKey {
     MatmulKey {
         wtype: ty,
         in_mode,
         out_mode,
-        neox,
         wg: 8,
         pairs: 4,
         tb,
@@ -93,8 +92,9 @@ pub fn xview(ctx: &Arc<Context>, b: &Buffer) -> BufferView {
 }
 
 /// attention.comp over a batch of `n_tok` query rows `q` at positions `pos0..`, the caches
-/// `kc` and `vc` holding positions from 0; the batch's tokens from `push.t0` run. Returns
-/// all `n_tok` rows of out (rows past the ones that ran stay 0).
+/// `kc` and `vc` holding positions from 0 (stored as f16, RGBA16F views, as the engine's);
+/// the batch's tokens from `push.t0` run. Returns all `n_tok` rows of out (rows past the
+/// ones that ran stay 0).
 #[allow(clippy::too_many_arguments)]
 pub fn run_attention(
     ctx: &Arc<Context>,
@@ -109,12 +109,13 @@ pub fn run_attention(
     let q_dim = (push.n_heads * push.head_dim) as usize;
     let (qb, kb, vb) = (
         upload(ctx, "q", q),
-        upload(ctx, "k", kc),
-        upload(ctx, "v", vc),
+        upload_f16(ctx, "k", kc),
+        upload_f16(ctx, "v", vc),
     );
     let out = zeros(ctx, "out", n_tok * q_dim);
     let step = step_buffer(ctx, pos0, &[], &[]);
-    let (qv4, kv4, vv4) = (xview(ctx, &qb), xview(ctx, &kb), xview(ctx, &vb));
+    let cache = |b: &Buffer| BufferView::new(ctx, b.binding(), TexelFormat::Rgba16Float).unwrap();
+    let (qv4, kv4, vv4) = (xview(ctx, &qb), cache(&kb), cache(&vb));
     let p = ks.attention(push.head_dim).unwrap();
     let set = p
         .descriptor_set_with(
@@ -200,7 +201,6 @@ pub fn engine_keys(
     ks: &Kernels,
     ty: GgmlType,
     (in_mode, out_mode): (InMode, OutMode),
-    (neox, head_dim): (bool, u32),
     cols: usize,
 ) -> Vec<MatmulKey> {
     let v = MatmulVariant {
@@ -214,9 +214,9 @@ pub fn engine_keys(
     };
     let fallback = MatmulVariant { split_k: 0, ..v };
     let mut keys = vec![
-        ks.matmul_key(&v, Batch::Prefill, neox, head_dim),
-        ks.matmul_key(&v, Batch::Decode, neox, head_dim),
-        ks.matmul_key(&fallback, Batch::Decode, neox, head_dim),
+        ks.matmul_key(&v, Batch::Prefill),
+        ks.matmul_key(&v, Batch::Decode),
+        ks.matmul_key(&fallback, Batch::Decode),
     ];
     keys.sort_by_key(|k| (k.tb, k.split_k));
     keys.dedup();

@@ -19,6 +19,16 @@ pub fn ctx() -> Option<Arc<Context>> {
     vk::testing::validating_context()
 }
 
+/// Largest |gpu - reference| logit allowed on the real models (logits of O(10); a wrong
+/// row, tile bound, scale or norm moves them by O(1)). Both sides keep keys and values as
+/// f16; a key whose f32 values on the two sides (or on two GPU paths that sum in another
+/// order) straddle an f16 rounding edge is stored one f16 step apart (about 1 key in 400:
+/// tests/kernels_arch.rs), which attention carries to the logits: up to 0.0042 (SmolLM2,
+/// second position) and 0.0054 (Gemma 3, 600 tokens) measured, where f32 caches held
+/// within 0.002.
+#[allow(dead_code)]
+pub const LOGIT_TOL: f32 = 0.01;
+
 /// A host-visible storage buffer holding `data` (at least 16 bytes).
 pub fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, name: &str, data: &[T]) -> Buffer {
     let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -39,6 +49,29 @@ pub fn read_f32(b: &Buffer, n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n];
     b.read(0, &mut out).unwrap();
     out
+}
+
+/// A zeroed host-visible KV cache of `n` f16 elements (the engine's cache type).
+pub fn zeros_f16(ctx: &Arc<Context>, name: &str, n: usize) -> Buffer {
+    upload(ctx, name, &vec![half::f16::ZERO; n.max(8)])
+}
+
+/// A KV cache of f16 elements holding `data` (each value rounded to f16).
+pub fn upload_f16(ctx: &Arc<Context>, name: &str, data: &[f32]) -> Buffer {
+    let h: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+    upload(ctx, name, &h)
+}
+
+/// The first `n` f16 elements of a KV cache, as f32.
+pub fn read_f16(b: &Buffer, n: usize) -> Vec<f32> {
+    let mut out = vec![half::f16::ZERO; n];
+    b.read(0, &mut out).unwrap();
+    out.iter().map(|h| h.to_f32()).collect()
+}
+
+/// `x` rounded to f16 and back: what a KV cache holds of it.
+pub fn f16_round(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
 /// The step buffer: header (pos0), rope frequencies, token ids, then token t's position
