@@ -4,8 +4,8 @@
 //! library crates. Errors are `anyhow` here only; `main` prints the whole cause chain
 //! and maps failures to exit codes.
 //!
-//! `unsafe` is denied, and allowed in two modules (`signals`: sigaction, kill, prctl;
-//! `unnamed_file`: linkat).
+//! `unsafe` is denied, and allowed in three modules (`signals`: sigaction, kill, prctl;
+//! `unnamed_file`: linkat; `heap`: mallopt).
 #![deny(unsafe_code)]
 
 /// `print!` to stdout, ending the process quietly when the reader has gone (see out.rs).
@@ -39,6 +39,7 @@ macro_rules! errln {
 mod bench;
 mod chat;
 mod convert;
+mod heap;
 mod info;
 mod input;
 mod inspect;
@@ -92,6 +93,7 @@ enum Command {
 }
 
 fn main() {
+    heap::return_freed_memory();
     // A bench's janitor does nothing else (see bench::janitor).
     if let Some(dir) = std::env::var_os(bench::JANITOR_ENV) {
         bench::janitor(&dir);

@@ -8,7 +8,7 @@
 //! when its parent dies ([`tie_to_parent`], `PR_SET_PDEATHSIG`) and then checks that the
 //! parent that started it is still there: it may have died before the request was made.
 //!
-//! This module and `unnamed_file` are the crate's `unsafe` sites: std has no safe
+//! This module, `unnamed_file` and `heap` are the crate's `unsafe` sites: std has no safe
 //! `sigaction`, `kill(2)` with a chosen signal, or `prctl`.
 #![allow(unsafe_code)]
 
