@@ -75,6 +75,11 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
 
+    /// Most prompt tokens one prefill submission takes (llama.cpp's `-ub`); default: the
+    /// device's (64 on lavapipe). The activation buffers are sized for this many tokens.
+    #[arg(long = "ubatch-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ubatch_size: Option<u32>,
+
     #[command(flatten)]
     pub sampling: SamplingArgs,
 
@@ -344,6 +349,7 @@ fn load_backend(
             profile: args.profile,
             column_split: !args.no_column_split,
             kernels: args.kernels.profile,
+            prefill_chunk: args.ubatch_size.map(|n| n as usize),
         },
         ctx: ctx_request(args.ctx_size),
         budget_cap: None,

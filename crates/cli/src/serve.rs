@@ -44,6 +44,11 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
 
+    /// Most prompt tokens one prefill submission takes (llama.cpp's `-ub`); default: the
+    /// device's (64 on lavapipe). The activation buffers are sized for this many tokens.
+    #[arg(long = "ubatch-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ubatch_size: Option<u32>,
+
     /// Require `Authorization: Bearer KEY` on every route but /health. The environment
     /// variable VKDECODE_API_KEY gives it too, without showing it in `ps`.
     #[arg(long = "api-key", value_name = "KEY")]
@@ -323,6 +328,7 @@ fn slots_options(args: &Args) -> server::SlotsOptions {
                 ..Default::default()
             },
             kernels: args.kernels.profile,
+            prefill_chunk: args.ubatch_size.map(|n| n as usize),
             ..Default::default()
         },
         ..Default::default()

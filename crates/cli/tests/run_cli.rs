@@ -458,6 +458,54 @@ fn an_unknown_kernel_profile_is_refused() {
     assert!(err.contains("auto, cpu or gpu"), "{err}");
 }
 
+/// `--ubatch-size 2`: the prompt is prefilled two tokens a submission (one fence wait
+/// each: `host_waits` counts them) and the greedy text is still llama.cpp's; 0 is refused
+/// by the parser.
+#[test]
+fn a_small_ubatch_gives_the_same_text() {
+    let dir = tempdir();
+    let model = q8();
+    let run = |ub: Option<&str>| {
+        let stats = dir.join(format!("{}.json", ub.unwrap_or("default")));
+        let mut args = vec![
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "The capital of France is",
+            "-n",
+            "32",
+            "--temp",
+            "0",
+            "--stats-json",
+            stats.to_str().unwrap(),
+        ];
+        if let Some(ub) = ub {
+            args.extend(["--ubatch-size", ub]);
+        }
+        let out = vkdecode(&args);
+        (out, stats)
+    };
+    let (out, stats) = run(None);
+    ok(&out);
+    let whole = read_json(&stats);
+    let (out, stats) = run(Some("2"));
+    let text = ok(&out);
+    assert_eq!(text, " Paris.\n\nThe answer is: 2018-01-22 12:12:53.\n");
+    let pairs = read_json(&stats);
+    let n = whole["n_prompt"].as_u64().unwrap();
+    assert!(n > 2, "a prompt of {n} tokens takes one chunk either way");
+    assert_eq!(
+        pairs["host_waits"].as_u64().unwrap(),
+        whole["host_waits"].as_u64().unwrap() + n.div_ceil(2) - 1,
+        "{n} prompt tokens two at a time"
+    );
+    assert_eq!(pairs["generated_ids"], whole["generated_ids"]);
+    let (out, _) = run(Some("0"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ubatch-size"), "{err}");
+}
+
 #[test]
 fn inspect_plan_covers_every_tensor() {
     let out = vkdecode(&[

@@ -44,6 +44,10 @@ pub struct SessionOptions {
     /// The kernel set (`--kernels`): shaped for a CPU device or for a GPU, or by device
     /// type (`kernels::Shapes::for_profile`).
     pub kernels: crate::kernels::KernelProfile,
+    /// Most prompt tokens one prefill submission takes (llama.cpp's `--ubatch-size`):
+    /// fewer make the activation buffers smaller and the submits more. `None`, or more than the
+    /// device allows: the device's ([`kernels::prefill_chunk`](crate::kernels::prefill_chunk)).
+    pub prefill_chunk: Option<usize>,
 }
 
 impl Default for SessionOptions {
@@ -56,6 +60,7 @@ impl Default for SessionOptions {
             profile: false,
             column_split: true,
             kernels: crate::kernels::KernelProfile::Auto,
+            prefill_chunk: None,
         }
     }
 }
@@ -148,7 +153,10 @@ impl Session {
                 ),
             })?;
         let weights = Weights::load(&ctx, file, &opts.weights)?;
-        let chunk = prefill_chunk(&ctx, &cfg);
+        let device_chunk = prefill_chunk(&ctx, &cfg);
+        let chunk = opts
+            .prefill_chunk
+            .map_or(device_chunk, |c| c.clamp(1, device_chunk));
         let acts = Activations::new(&ctx, &cfg, cache_rows, chunk, opts.slots)?;
         let mut kernels = Kernels::with_profile(&ctx, opts.kernels)?;
         kernels.set_column_split(opts.column_split);

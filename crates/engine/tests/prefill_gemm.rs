@@ -2,18 +2,17 @@
 //!
 //! - Model: the last prompt position's logits of a chunked prefill (the GEMM, chunks of
 //!   [`Session::prefill_chunk`] tokens) equal the token-by-token decode path's logits at
-//!   that position within TOL (`common::LOGIT_TOL`), for prompts of 1, 63, 64, 65, 511 and 767 tokens
-//!   (12 chunks of 64, the last one partial: many chunks and a partial one, as 1500
-//!   tokens checked before at twice the time; the token-by-token pass is the cost).
-//!   One token-by-token pass over the longest prompt gives the reference logits of every
-//!   shorter prompt (a prefix's last position); each prompt is then prefilled on a fresh
-//!   session, so every cache row it reads is one its own chunks wrote. Per type, to keep
-//!   CI time in check (a token-by-token pass on lavapipe costs about 25 ms a token on a
-//!   quiet machine): Q8_0 (the default model) runs every length up to 767; Q4_1 up to
-//!   511 (both together took 15 min on a machine with load average ~14 on 2 cores; the
-//!   largest difference seen was 1.3e-4, at Q4_1's 1-token prompt). The other types are
-//!   covered by the kernel tests (here and tests/kernels.rs, whose prefill keys are the
-//!   GEMM's).
+//!   that position within TOL (`common::LOGIT_TOL`). Lavapipe's chunk (64 tokens) takes
+//!   prompts of 1, 63, 64, 65 and 191 tokens (whole and partial chunks, three chunks);
+//!   chunks of 16 ([`SessionOptions::prefill_chunk`]) take 15, 16, 17, 127 and 191 (12
+//!   chunks, the last one partial: as many chunk boundaries as 767 tokens in chunks of 64,
+//!   which this test ran before at four times the cost; the token-by-token pass is the
+//!   cost, about 25 ms a token on lavapipe on a quiet machine). One token-by-token pass
+//!   over the longest prompt gives the reference logits of every shorter prompt (a
+//!   prefix's last position); each prompt is then prefilled on a fresh session, so every
+//!   cache row it reads is one its own chunks wrote. Q8_0 (the default model) and Q4_1;
+//!   the other types are covered by the kernel tests (here and tests/kernels.rs, whose
+//!   prefill keys are the GEMM's).
 //! - Kernel: the GEMM against `reference::kernels::matmul` for every weight type at
 //!   shapes that leave partial tiles: rows not a multiple of the 128-row tile, token counts
 //!   not a multiple of the 8-token tile, several tiles in y, a word offset.
@@ -30,7 +29,22 @@ use engine::{Session, SessionOptions};
 use gguf::GgmlType;
 
 const TOL: f32 = LOGIT_TOL;
-const LENGTHS: [usize; 6] = [1, 63, 64, 65, 511, 767];
+/// Prompt lengths and the chunk each is prefilled in (`None`: the device's, 64 on
+/// lavapipe).
+const CASES: [(usize, Option<usize>); 10] = [
+    (1, None),
+    (63, None),
+    (64, None),
+    (65, None),
+    (191, None),
+    (15, Some(16)),
+    (16, Some(16)),
+    (17, Some(16)),
+    (127, Some(16)),
+    (191, Some(16)),
+];
+/// The longest prompt, and the context of every session.
+const LONGEST: usize = 191;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
@@ -58,23 +72,23 @@ fn prompt(file: &gguf::GgufFile, n: usize) -> Vec<u32> {
     ids
 }
 
-/// Chunked GEMM prefill against token-by-token decode for each length up to `max_len`.
-fn check_model(name: &str, max_len: usize) {
+/// Chunked GEMM prefill against token-by-token decode for each of [`CASES`].
+fn check_model(name: &str) {
     let Some(ctx) = ctx() else { return };
     let file = Arc::new(gguf::GgufFile::open(model_path(name)).unwrap());
-    let opts = SessionOptions {
-        ctx_len: 768,
+    let opts = |chunk: Option<usize>| SessionOptions {
+        ctx_len: LONGEST + 1,
+        prefill_chunk: chunk,
         ..SessionOptions::default()
     };
-    let mut s = Session::new(Arc::clone(&ctx), file.clone(), &opts).unwrap();
-    let lengths: Vec<usize> = LENGTHS.into_iter().filter(|&n| n <= max_len).collect();
-    let longest = *lengths.last().unwrap();
-    let ids = prompt(&file, longest);
+    let mut s = Session::new(Arc::clone(&ctx), file.clone(), &opts(None)).unwrap();
+    let device_chunk = s.prefill_chunk();
+    let ids = prompt(&file, LONGEST);
     // token by token: the logits after each length's last token
-    let mut want: Vec<Vec<f32>> = Vec::new();
+    let mut want: Vec<Option<Vec<f32>>> = vec![None; LONGEST + 1];
     for (pos, &t) in ids.iter().enumerate() {
-        if lengths.contains(&(pos + 1)) {
-            want.push(s.decode_logits(t).unwrap().to_vec());
+        if CASES.iter().any(|&(n, _)| n == pos + 1) {
+            want[pos + 1] = Some(s.decode_logits(t).unwrap().to_vec());
         } else {
             s.decode_argmax(t).unwrap();
         }
@@ -82,18 +96,23 @@ fn check_model(name: &str, max_len: usize) {
     drop(s);
     // each prompt on a session of its own: a reset keeps the cache rows, so the rows
     // token by token (or a previous prompt) wrote would hide a chunk that writes none
-    for (&n, want) in lengths.iter().zip(&want) {
-        let mut s = Session::new(Arc::clone(&ctx), file.clone(), &opts).unwrap();
+    for (n, chunk) in CASES {
+        let mut s = Session::new(Arc::clone(&ctx), file.clone(), &opts(chunk)).unwrap();
+        assert_eq!(
+            s.prefill_chunk(),
+            chunk.map_or(device_chunk, |c| c.min(device_chunk))
+        );
         s.prefill(&ids[..n]).unwrap();
         let got = s.last_logits().unwrap();
-        let d = max_diff(got, want);
+        let d = max_diff(got, want[n].as_ref().unwrap());
         println!(
             "{name}: {n} tokens in chunks of {}: max |diff| {d:.2e}",
             s.prefill_chunk()
         );
         assert!(
             d <= TOL,
-            "{name}: a {n}-token prompt's last logits differ from token-by-token by {d}"
+            "{name}: a {n}-token prompt in chunks of {} differs from token-by-token by {d}",
+            s.prefill_chunk()
         );
     }
     assert_no_validation_errors(&ctx);
@@ -101,12 +120,12 @@ fn check_model(name: &str, max_len: usize) {
 
 #[test]
 fn chunked_gemm_prefill_matches_token_by_token_q8_0() {
-    check_model("SmolLM2-135M-Instruct.Q8_0.gguf", 767);
+    check_model("SmolLM2-135M-Instruct.Q8_0.gguf");
 }
 
 #[test]
 fn chunked_gemm_prefill_matches_token_by_token_q4_1() {
-    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", 511);
+    check_model("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 /// Deterministic values in about ±1.
