@@ -19,7 +19,7 @@ pub use config::Config;
 pub use family::{Arch, FfnAct, RopeMode, ALL_ARCHS};
 pub use layers::{LayerAttention, SlidingWindow};
 pub use tensors::{LayerTensor, ModelTensor};
-pub use validate::{MAX_CONTEXT_LENGTH, MAX_RMS_EPS};
+pub use validate::{KV_ELEMENT_BYTES, MAX_CONTEXT_LENGTH, MAX_RMS_EPS};
 
 /// What is wrong with a file's description of its model: an unknown architecture, a
 /// missing or meaningless key, a missing tensor or one of the wrong shape.

@@ -17,11 +17,15 @@
 //! positions, above any released model's), and with it the largest per-context buffer,
 //! `2 · n_layers · context_length · max(dim, q_dim, kv_dim, hidden_dim) · 8` bytes, must
 //! fit both `u64` and `usize`. Every size the engine and the reference derive from the
-//! context (K/V cache `2 · n_layers · ctx · kv_dim · 4`, attention scores
+//! context (K/V cache `2 · n_layers · ctx · kv_dim · 2`, attention scores
 //! `n_heads · ctx · 4`, activations `ctx · dim · 4`) is below that, so it cannot
 //! overflow; whether it fits the memory at hand is the caller's check.
 
 use crate::{Config, ConfigError, ModelTensor};
+
+/// Bytes of one key or value element in the K/V cache: f16, llama.cpp's default cache
+/// type, in the engine and the CPU reference alike.
+pub const KV_ELEMENT_BYTES: u64 = 2;
 
 /// The largest `context_length` accepted from a file.
 pub const MAX_CONTEXT_LENGTH: usize = 1 << 24;
@@ -138,20 +142,20 @@ impl Config {
             .filter(|&b| usize::try_from(b).is_ok())
     }
 
-    /// Bytes of an f16 K/V cache (the engine's and the reference's) for `ctx_len`
-    /// positions (`2 · n_layers · ctx_len · kv_dim · 2`), or `None` if it overflows
-    /// `u64`/`usize`.
-    pub fn kv_cache_bytes(&self, ctx_len: usize) -> Option<u64> {
-        [
-            self.n_layers as u64,
-            ctx_len as u64,
-            self.n_kv_heads as u64,
-            self.head_dim as u64,
-            2,
-        ]
-        .into_iter()
-        .try_fold(2u64, u64::checked_mul)
-        .filter(|&b| usize::try_from(b).is_ok())
+    /// Bytes of one layer's key (or value) cache for `ctx_len` positions,
+    /// `ctx_len · kv_dim · KV_ELEMENT_BYTES`, or `None` if it overflows `u64`.
+    pub fn kv_layer_bytes(&self, ctx_len: u64) -> Option<u64> {
+        ctx_len
+            .checked_mul(self.kv_dim() as u64)?
+            .checked_mul(KV_ELEMENT_BYTES)
+    }
+
+    /// Bytes of the whole K/V cache for `ctx_len` positions (keys and values of every
+    /// layer, `2 · n_layers · kv_layer_bytes`), or `None` if it overflows `u64`/`usize`.
+    pub fn kv_cache_bytes(&self, ctx_len: u64) -> Option<u64> {
+        (2 * self.n_layers as u64)
+            .checked_mul(self.kv_layer_bytes(ctx_len)?)
+            .filter(|&b| usize::try_from(b).is_ok())
     }
 }
 
@@ -198,7 +202,9 @@ mod tests {
         validate(&c).unwrap();
         // 2 x 30 layers x 8192 x 192 x 2 bytes.
         assert_eq!(c.kv_cache_bytes(8192), Some(188_743_680));
-        assert_eq!(c.kv_cache_bytes(usize::MAX), None);
+        assert_eq!(c.kv_layer_bytes(8192), Some(188_743_680 / 60));
+        assert_eq!(c.kv_cache_bytes(u64::MAX), None);
+        assert_eq!(c.kv_cache_bytes(1 << 58), None);
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub fn load_reference(
         kernels: "reference".into(),
         kernels_why: "the CPU reference runs no GPU kernels".into(),
         device_bytes: 0,
-        kv_bytes: fit::kv_cache_bytes(&cfg, choice.ctx_len as u64).unwrap_or(0),
+        kv_bytes: cfg.kv_cache_bytes(choice.ctx_len as u64).unwrap_or(0),
         ctx_len: choice.ctx_len,
         slots: 1,
         ctx_note: choice.note,

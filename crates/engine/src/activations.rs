@@ -95,7 +95,6 @@ impl ActivationSizes {
         };
         let (f, b) = (4u64, max_batch as u64);
         let q_dim = mul("q", &[cfg.n_heads as u64, cfg.head_dim as u64])?;
-        let kv_dim = mul("a key", &[cfg.n_kv_heads as u64, cfg.head_dim as u64])?;
         let x = mul("x", &[b, cfg.dim as u64, f])?;
         let q = mul("q", &[b, q_dim, f])?;
         let hb = mul("hb", &[b, cfg.hidden_dim as u64, f])?;
@@ -109,7 +108,9 @@ impl ActivationSizes {
             mul("the q/k/v row", &[b, heads, cfg.head_dim as u64, f])?
         };
         let y = if shape.post_norms { x } else { 16 };
-        let kv = mul("the KV cache", &[ctx_len as u64, kv_dim, kernels::KV_BYTES])?;
+        let kv = cfg
+            .kv_layer_bytes(ctx_len as u64)
+            .ok_or_else(|| too_large("the KV cache"))?;
         let logits = mul("the logits", &[cfg.vocab_size as u64, f])?;
         if max_batch > kernels::STEP_MAX_BATCH {
             return Err(too_large("a batch larger than the step buffer's"));

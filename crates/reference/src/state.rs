@@ -41,9 +41,11 @@ pub struct State {
 }
 
 /// Bytes the KV cache of `ctx_len` positions takes for `cfg` (keys and values, every
-/// layer, f16 as the engine's), exact in u128 (no overflow for any `usize` inputs).
+/// layer, f16 as the engine's): one position's ([`Config::kv_cache_bytes`]) times
+/// `ctx_len`, exact in u128 (no overflow for any `usize` context).
 pub fn kv_cache_bytes(cfg: &Config, ctx_len: usize) -> u128 {
-    2 * cfg.n_layers as u128 * ctx_len as u128 * cfg.kv_dim() as u128 * 2
+    let position = cfg.kv_cache_bytes(1).map_or(u128::MAX, u128::from);
+    position.saturating_mul(ctx_len as u128)
 }
 
 impl State {

@@ -156,7 +156,7 @@ fn load(bytes: &[u8], tally: &mut Tally) -> Result<(), String> {
             if c.context_length == 0 || c.context_length > arch::MAX_CONTEXT_LENGTH {
                 return Err(format!("loaded context_length {}", c.context_length));
             }
-            if c.kv_cache_bytes(c.context_length).is_none() {
+            if c.kv_cache_bytes(c.context_length as u64).is_none() {
                 return Err(format!("K/V cache size overflows: {c:?}"));
             }
             let weights = (c.dim as u64)

@@ -42,7 +42,7 @@ fn per_process(file: &gguf::GgufFile, args: &Args, arms: &[Arm]) -> PerProcess {
     // a model the engine refuses is reported by the first child, with its reason
     let kv = arch::Config::from_gguf(g)
         .ok()
-        .and_then(|c| c.kv_cache_bytes(ctx))
+        .and_then(|c| c.kv_cache_bytes(ctx as u64))
         .unwrap_or(0);
     let sum = |f: &dyn Fn(&gguf::TensorInfo) -> u64| {
         g.tensors.iter().map(f).fold(0u64, u64::saturating_add)

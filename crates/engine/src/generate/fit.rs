@@ -6,7 +6,6 @@
 use arch::Config;
 
 use crate::generate::GenerateError;
-use crate::kernels::KV_BYTES;
 
 /// The context a caller asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,20 +38,6 @@ pub struct CtxChoice {
     pub ctx_len: usize,
     /// A line for the user when the size was capped or chosen for them.
     pub note: Option<String>,
-}
-
-/// `2 · n_layers · ctx · kv_dim · 2`: the f16 keys and values of every layer;
-/// `None` on overflow.
-pub fn kv_cache_bytes(cfg: &Config, ctx_len: u64) -> Option<u64> {
-    2u64.checked_mul(cfg.n_layers as u64)?
-        .checked_mul(kv_layer_bytes(cfg, ctx_len)?)
-}
-
-/// One layer's key buffer, `ctx · kv_dim · 2` ([`KV_BYTES`]); `None` on overflow.
-pub fn kv_layer_bytes(cfg: &Config, ctx_len: u64) -> Option<u64> {
-    ctx_len
-        .checked_mul(cfg.kv_dim() as u64)?
-        .checked_mul(KV_BYTES)
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -120,8 +105,8 @@ pub fn host_budget(weights_f32_bytes: u64) -> Budget {
 /// Resolves `req` for `cfg` within `budget`.
 pub fn resolve(cfg: &Config, req: CtxRequest, budget: &Budget) -> Result<CtxChoice, GenerateError> {
     let trained = cfg.context_length;
-    let per_token = kv_cache_bytes(cfg, 1).unwrap_or(u64::MAX).max(1);
-    let per_layer_token = kv_layer_bytes(cfg, 1).unwrap_or(u64::MAX).max(1);
+    let per_token = cfg.kv_cache_bytes(1).unwrap_or(u64::MAX).max(1);
+    let per_layer_token = cfg.kv_layer_bytes(1).unwrap_or(u64::MAX).max(1);
     // The most positions that fit: half the budget (the rest is for activations, the
     // page cache and everything else), and one layer's buffer within the device's range.
     let fit = (budget.bytes / 2 / per_token).min(budget.max_buffer / per_layer_token);
@@ -144,7 +129,7 @@ pub fn resolve(cfg: &Config, req: CtxRequest, budget: &Budget) -> Result<CtxChoi
                 let note = format!(
                     "-c 0: the model's context of {trained} tokens does not fit ({} of KV cache); capped to {fit} tokens ({} within {})",
                     need_text(cfg, trained as u64),
-                    human(kv_cache_bytes(cfg, fit as u64).unwrap_or(u64::MAX)),
+                    human(cfg.kv_cache_bytes(fit as u64).unwrap_or(u64::MAX)),
                     budget.what
                 );
                 (fit, Some(note))
@@ -167,8 +152,8 @@ pub fn resolve(cfg: &Config, req: CtxRequest, budget: &Budget) -> Result<CtxChoi
             (n, None)
         }
     };
-    let need = kv_cache_bytes(cfg, ctx_len as u64);
-    let layer = kv_layer_bytes(cfg, ctx_len as u64);
+    let need = cfg.kv_cache_bytes(ctx_len as u64);
+    let layer = cfg.kv_layer_bytes(ctx_len as u64);
     match (need, layer) {
         (Some(need), Some(layer)) if need <= budget.bytes && layer <= budget.max_buffer => {
             Ok(CtxChoice { ctx_len, note })
@@ -178,8 +163,8 @@ pub fn resolve(cfg: &Config, req: CtxRequest, budget: &Budget) -> Result<CtxChoi
 }
 
 fn too_large(cfg: &Config, ctx_len: u64, budget: &Budget) -> GenerateError {
-    let need = kv_cache_bytes(cfg, ctx_len);
-    let layer = kv_layer_bytes(cfg, ctx_len).unwrap_or(u64::MAX);
+    let need = cfg.kv_cache_bytes(ctx_len);
+    let layer = cfg.kv_layer_bytes(ctx_len).unwrap_or(u64::MAX);
     let (budget_what, budget_text) = match need {
         Some(n) if n <= budget.bytes && layer > budget.max_buffer => (
             format!(
@@ -199,7 +184,7 @@ fn too_large(cfg: &Config, ctx_len: u64, budget: &Budget) -> GenerateError {
 }
 
 fn need_text(cfg: &Config, ctx_len: u64) -> String {
-    match kv_cache_bytes(cfg, ctx_len) {
+    match cfg.kv_cache_bytes(ctx_len) {
         Some(n) => format!("{n} bytes ({})", human(n)),
         None => "more than 2^64 bytes".into(),
     }
@@ -259,16 +244,6 @@ mod tests {
             max_buffer: 128 << 20,
             what: "test".into(),
         }
-    }
-
-    #[test]
-    fn kv_bytes_are_checked() {
-        let cfg = smollm(8192);
-        // 2 · 30 · 8192 · 192 · 2 (f16): half the 377 MB (f32) a crafted context length
-        // once made the engine allocate.
-        assert_eq!(kv_cache_bytes(&cfg, 8192), Some(188_743_680));
-        assert_eq!(kv_cache_bytes(&cfg, 1 << 58), None);
-        assert_eq!(kv_cache_bytes(&cfg, u64::MAX), None);
     }
 
     #[test]

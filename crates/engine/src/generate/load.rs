@@ -111,7 +111,8 @@ pub fn load(file: &Arc<gguf::GgufFile>, opts: &LoadOptions) -> Result<Loaded, Ge
     };
     let session = Session::new(ctx.clone(), file.clone(), &session_opts)?;
     let report = session.weights().report();
-    let kv_bytes = fit::kv_cache_bytes(&cfg, session.ctx_len() as u64)
+    let kv_bytes = cfg
+        .kv_cache_bytes(session.ctx_len() as u64)
         .unwrap_or(0)
         .saturating_mul(n);
     let info = BackendInfo {

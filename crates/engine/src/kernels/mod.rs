@@ -56,11 +56,10 @@ pub const KERNELS_ENV: &str = "VKDECODE_KERNELS";
 pub const CHUNK: usize = 64;
 /// Entries of the rope frequency table in the step buffer (`STEP_FREQS_MAX`).
 pub const STEP_FREQS_MAX: usize = 128;
-/// Bytes of one key or value element in the KV cache: f16, as llama.cpp's default cache
-/// type (half the memory of f32; the CPU reference rounds its keys and values the same
-/// way). The writers store pairs of elements as one word (`packHalf2x16`), attention
-/// reads the caches through RGBA16F texel views.
-pub const KV_BYTES: u64 = 2;
+/// Bytes of one key or value element in the KV cache: f16 ([`arch::KV_ELEMENT_BYTES`],
+/// which every size of the cache is computed from). The writers store pairs of elements
+/// as one word (`packHalf2x16`), attention reads the caches through RGBA16F texel views.
+pub const KV_BYTES: u64 = arch::KV_ELEMENT_BYTES;
 /// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
 pub const MAX_REDUCE_WG: u32 = 256;
 
