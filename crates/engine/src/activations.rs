@@ -55,7 +55,7 @@ pub struct Activations {
     pub max_batch: usize,
 }
 
-/// The byte sizes of [`Activations`], computed with checked arithmetic.
+/// The byte sizes of the activation buffers and the KV cache, computed with checked arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ActivationSizes {
     /// Each of x, xg.

@@ -24,7 +24,7 @@ pub mod support;
 mod views;
 pub use activations::ActivationSizes;
 pub use generate::{Event, GenerateError, StopReason};
-pub use sampling::{grammar_vocab, Constraint, Sampler, SamplerOptions, TokenLogprob};
+pub use sampling::{grammar_vocab, Constraint, SamplerOptions, TokenLogprob};
 pub use session::{Counters, KernelTime, Session, SessionOptions};
 pub use slots::{
     Admission, BatchKernel, Completion, GenStats, GenerateOptions, Generation, Generator, Guard,

@@ -58,7 +58,7 @@ pub struct SamplerOptions {
     /// (what a bias of -100 maps to in the server) bans the token.
     pub logit_bias: Vec<(u32, f32)>,
     /// Report each chosen token's log-probability and this many most likely alternatives
-    /// ([`Sampler::take_logprob`]); `None` reports nothing.
+    /// (`Sampler::take_logprob`); `None` reports nothing.
     pub logprobs: Option<usize>,
     /// Seed of the generator.
     pub seed: u64,
@@ -156,7 +156,7 @@ pub enum SampleError {
 }
 
 /// A seeded sampler that remembers the last `repeat_last_n` tokens.
-pub struct Sampler {
+pub(crate) struct Sampler {
     opts: SamplerOptions,
     rng: StdRng,
     /// The latest tokens, oldest first, at most `repeat_last_n`.
@@ -188,10 +188,6 @@ impl Sampler {
         }
     }
 
-    pub fn options(&self) -> &SamplerOptions {
-        &self.opts
-    }
-
     /// True when the choice is the plain argmax of the logits, so the engine can take the
     /// argmax on the GPU and read back 4 bytes instead of the logits (not when a bias, a
     /// penalty, a grammar or log-probabilities need the logits themselves). Banned tokens
@@ -199,7 +195,7 @@ impl Sampler {
     /// greedy: when the GPU's argmax is one of them ([`Sampler::bans`]), the caller reads
     /// the logits and calls [`Sampler::sample`], which takes the first maximum of the rest
     /// (the same token masking first would give).
-    pub fn is_greedy(&self) -> bool {
+    pub(crate) fn is_greedy(&self) -> bool {
         self.opts.temperature <= 0.0
             && !self.penalises()
             && self
@@ -220,7 +216,7 @@ impl Sampler {
     }
 
     /// Whether any token is banned: a greedy choice may then need the logits.
-    pub fn has_bans(&self) -> bool {
+    pub(crate) fn has_bans(&self) -> bool {
         self.opts
             .logit_bias
             .iter()
@@ -235,7 +231,7 @@ impl Sampler {
 
     /// The log-probability of the token the last [`Sampler::sample`] chose, when the
     /// options ask for them.
-    pub fn take_logprob(&mut self) -> Option<TokenLogprob> {
+    pub(crate) fn take_logprob(&mut self) -> Option<TokenLogprob> {
         self.last_logprob.take()
     }
 
@@ -250,11 +246,6 @@ impl Sampler {
             self.history.pop_front();
         }
         self.history.push_back(token);
-    }
-
-    /// Forgets the history (a new conversation); the generator keeps its state.
-    pub fn reset(&mut self) {
-        self.history.clear();
     }
 
     /// Draws the next token from `logits` (one per vocabulary entry) and advances the
@@ -419,7 +410,7 @@ impl Sampler {
 }
 
 /// llama.cpp's penalty of a logit `l` whose token appears `count > 0` times in the window.
-pub fn penalise(l: f32, count: usize, repeat: f32, frequency: f32, presence: f32) -> f32 {
+pub(crate) fn penalise(l: f32, count: usize, repeat: f32, frequency: f32, presence: f32) -> f32 {
     let l = if l > 0.0 { l / repeat } else { l * repeat };
     l - count as f32 * frequency - presence
 }
@@ -427,7 +418,7 @@ pub fn penalise(l: f32, count: usize, repeat: f32, frequency: f32, presence: f32
 /// The model's own log-probability of `token` under `logits` and the `n` most likely
 /// tokens (no bias, penalty or grammar: a prompt token's score, as OpenAI's `echo` with
 /// `logprobs` reports it).
-pub fn logprob_of(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
+pub(crate) fn logprob_of(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
     let cand: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()

@@ -305,7 +305,12 @@ impl Session {
     /// on the device (one transfer submit, no host round trip of the cache) and `to`'s
     /// position becomes `len`. Several answers to one prompt share its prefill this way.
     /// The current slot stays selected.
-    pub fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> Result<(), EngineError> {
+    pub(crate) fn copy_prefix(
+        &mut self,
+        from: usize,
+        to: usize,
+        len: usize,
+    ) -> Result<(), EngineError> {
         let n = self.pos.len();
         if from >= n || to >= n || from == to {
             return Err(EngineError::Input(format!(

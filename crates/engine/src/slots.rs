@@ -157,7 +157,7 @@ impl Slots {
 
     /// Slots over an existing forward pass (one slot per backend slot), batched where
     /// the backend can batch.
-    pub fn from_forward(
+    pub(crate) fn from_forward(
         fwd: Box<dyn Forward>,
         tok: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
@@ -273,7 +273,7 @@ impl Slots {
     }
 
     /// Whether slot `slot` has a request running.
-    pub fn is_busy(&self, slot: usize) -> bool {
+    pub(crate) fn is_busy(&self, slot: usize) -> bool {
         self.slots[slot].job.is_some()
     }
 

@@ -5,7 +5,7 @@
 //!
 //! The rules are the kernels' own: a matrix (2-D) is read in place by the matmul and
 //! embedding kernels when [`kernels::supported_weight_type`] says so and its rows are
-//! whole 64-element chunks and whole blocks ([`row_multiple`]: 256 for the K-quants);
+//! whole 64-element chunks and whole blocks (`row_multiple`: 256 for the K-quants);
 //! a vector (norm weights, biases) is bound as F32.
 
 use arch::Config;
@@ -16,7 +16,7 @@ use crate::EngineError;
 
 /// The row length a matrix of `ty` must be a multiple of on the GPU: whole chunks of
 /// [`CHUNK`] elements (the kernels' unit of work) made of whole blocks of the type.
-pub fn row_multiple(ty: GgmlType) -> usize {
+pub(crate) fn row_multiple(ty: GgmlType) -> usize {
     ty.block_size().max(CHUNK)
 }
 

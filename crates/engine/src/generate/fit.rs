@@ -41,7 +41,7 @@ pub struct CtxChoice {
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_mem_available(&text)
 }
@@ -55,7 +55,7 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 /// The budget on a Vulkan device: its largest device-local heap (and, on unified memory,
 /// the host's available RAM), less the model file; one layer's buffer within the device's
 /// storage-buffer range and allocation size.
-pub fn vulkan_budget(caps: &vk::Capabilities, model_bytes: u64) -> Budget {
+pub(crate) fn vulkan_budget(caps: &vk::Capabilities, model_bytes: u64) -> Budget {
     let heap = caps
         .memory_heaps
         .iter()

@@ -48,7 +48,7 @@ pub trait Forward: Send {
         }
     }
     /// Gives slot `to` the first `len` positions of slot `from` (see
-    /// [`Session::copy_prefix`]); only a backend of several slots can.
+    /// `Session::copy_prefix`); only a backend of several slots can.
     fn copy_prefix(&mut self, from: usize, to: usize, len: usize) -> Result<(), GenerateError> {
         let _ = (from, to, len);
         Err(GenerateError::Input(

@@ -45,7 +45,7 @@ impl Output {
     }
 
     /// Appends `piece` to the text and shows what can be shown.
-    pub fn push_text(
+    pub(crate) fn push_text(
         &mut self,
         piece: &str,
         on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,

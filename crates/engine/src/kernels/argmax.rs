@@ -9,7 +9,7 @@ use crate::EngineError;
 
 /// Set in `argmax.comp`'s result word when the logits row held a NaN or an infinity
 /// (the low 31 bits are the index).
-pub const ARGMAX_NON_FINITE: u32 = 1 << 31;
+pub(crate) const ARGMAX_NON_FINITE: u32 = 1 << 31;
 
 /// Push constants of `argmax.comp` (GLSL twin: its `push_constant` block).
 #[repr(C)]
@@ -21,8 +21,9 @@ const _: () = assert!(std::mem::size_of::<ArgmaxPush>() == 4);
 
 /// Bindings of `argmax.comp`: logits, result.
 pub const ARGMAX_BINDINGS: u32 = 2;
-/// Workgroup size of `argmax.comp`.
-pub const ARGMAX_WG: u32 = 64;
+/// Workgroup size of `argmax.comp`: at most its shared arrays' `MAX_WG` (256).
+pub(crate) const ARGMAX_WG: u32 = 64;
+const _: () = assert!(ARGMAX_WG <= 256);
 
 /// The pipeline of `argmax.comp`: specialisation constant 0 is the workgroup size.
 pub(super) fn argmax_desc() -> Result<PipelineDesc, EngineError> {
@@ -38,7 +39,7 @@ pub(super) fn argmax_desc() -> Result<PipelineDesc, EngineError> {
 #[derive(Clone)]
 pub struct ArgmaxBindings {
     pub logits: BufferBinding,
-    /// One word: the index, with [`ARGMAX_NON_FINITE`] set for a non-finite row.
+    /// One word: the index, with `ARGMAX_NON_FINITE` set for a non-finite row.
     pub result: BufferBinding,
 }
 

@@ -29,9 +29,9 @@ const _: () = assert!(std::mem::size_of::<AttentionPush>() == 24);
 pub const ATTENTION_BINDINGS: u32 = 5;
 /// Largest head dimension `attention.comp` is built for (it keeps q and the running
 /// output of a head in registers).
-pub const ATTENTION_MAX_HEAD_DIM: u32 = 256;
+pub(crate) const ATTENTION_MAX_HEAD_DIM: u32 = 256;
 /// Workgroup size of `attention.comp`.
-pub const ATTENTION_WG: u32 = 8;
+pub(crate) const ATTENTION_WG: u32 = 8;
 
 /// The pipeline of `attention.comp` for heads of `head_dim` (a multiple of 4, at most
 /// [`ATTENTION_MAX_HEAD_DIM`]): specialisation constants 0, the workgroup size, and 1,
@@ -54,7 +54,7 @@ pub(super) fn attention_desc(head_dim: u32) -> Result<PipelineDesc, EngineError>
 #[derive(Clone)]
 pub struct AttentionBindings<'a> {
     /// q as RGBA32F texels, and the layer's key and value caches as RGBA16F texels (f16,
-    /// [`super::KV_BYTES`]).
+    /// `super::KV_BYTES`).
     pub q: &'a BufferView,
     pub k_cache: &'a BufferView,
     pub v_cache: &'a BufferView,

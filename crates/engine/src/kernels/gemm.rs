@@ -17,7 +17,7 @@ use super::Kernels;
 pub const GEMM_TT: [u32; 2] = [GEMM_SMALL_TILE, GEMM_TILE];
 
 /// The GEMM tile of a step of at most this many tokens (a lone serving slot's decode, a
-/// one-token prompt chunk), so that one token does not pay for [`GEMM_TILE`]. Not 1 or
+/// one-token prompt chunk), so that one token does not pay for `GEMM_TILE`. Not 1 or
 /// 4: a key's `tb` of 1 or 4 names matmul.comp ([`MATMUL_TB`](super::MATMUL_TB)).
 pub const GEMM_SMALL_TILE: u32 = 2;
 
@@ -27,10 +27,10 @@ pub const GEMM_SMALL_TILE: u32 = 2;
 /// (benches/gemm.rs, load average ~16; matmul.comp's 4-token shape: 1.12k in the same
 /// run). At load ~6 the GEMM (8 pairs) and the 4-token shape were at parity (0.86-1.14x
 /// over the three SmolLM2 shapes), a whole 512-token prefill 1.09-1.10x.
-pub const GEMM_WG: u32 = 8;
+pub(crate) const GEMM_WG: u32 = 8;
 pub const GEMM_PAIRS: u32 = 8;
-pub const GEMM_TILE: u32 = 8;
-/// [`GEMM_WG`], [`GEMM_PAIRS`], [`GEMM_TILE`] as a shape (the `gemm` of
+pub(crate) const GEMM_TILE: u32 = 8;
+/// `GEMM_WG`, [`GEMM_PAIRS`], `GEMM_TILE` as a shape (the `gemm` of
 /// [`CPU`](super::CPU)).
 pub const GEMM_SHAPE: super::MatmulShape = super::MatmulShape {
     wg: GEMM_WG,
@@ -39,7 +39,7 @@ pub const GEMM_SHAPE: super::MatmulShape = super::MatmulShape {
 };
 
 /// Whether a matmul key's `tb` selects the GEMM (a tile larger than matmul.comp's 4).
-pub fn is_gemm_tile(tb: u32) -> bool {
+pub(crate) fn is_gemm_tile(tb: u32) -> bool {
     GEMM_TT.contains(&tb)
 }
 
@@ -56,7 +56,7 @@ impl Kernels {
 
     /// How this device prefills: through the GEMM where its shapes have one and it runs
     /// here ([`Kernels::gemm_supported`]), else matmul.comp 4 tokens at a time.
-    pub fn prefill_batch(&self) -> super::Batch {
+    pub(crate) fn prefill_batch(&self) -> super::Batch {
         if self.shapes().gemm.is_some() && self.gemm_supported() {
             super::Batch::Prefill
         } else {
@@ -69,12 +69,12 @@ impl Kernels {
 /// used before the GEMM, not re-measured with it yet (a 64- and a 512-token prompt
 /// prefilled at the same rate, 40-44 tok/s on a busy machine, so per-chunk costs such as
 /// the submit and the attention over the cache do not dominate at this size).
-pub const LAVAPIPE_PREFILL_CHUNK: usize = 64;
+pub(crate) const LAVAPIPE_PREFILL_CHUNK: usize = 64;
 
 /// Prompt tokens one prefill submission takes on a device whose storage-buffer bindings
 /// are at most `max_range` bytes and whose dispatches have at most `max_groups_y`
 /// workgroups in y, for a model whose widest activation row (per token) has `widest`
-/// floats: lavapipe's value ([`LAVAPIPE_PREFILL_CHUNK`]), fewer when a chunk's widest
+/// floats: lavapipe's value (`LAVAPIPE_PREFILL_CHUNK`), fewer when a chunk's widest
 /// activation would not fit one binding or its token tiles one dispatch, and a whole
 /// number of GEMM tiles where it can be.
 pub fn prefill_chunk(max_range: u64, max_groups_y: u32, widest: usize, tile: u32) -> usize {

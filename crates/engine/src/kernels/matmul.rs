@@ -65,7 +65,7 @@ pub enum OutMode {
 
 impl OutMode {
     /// Gate and up in bindings 0 and 1, one output row per pair (Glu, GeGlu).
-    pub fn is_gated(self) -> bool {
+    pub(crate) fn is_gated(self) -> bool {
         matches!(self, OutMode::Glu | OutMode::GeGlu)
     }
 }
@@ -106,7 +106,7 @@ pub struct MatmulKey {
     pub tb: u32,
     /// Whole rounds of `wg` chunks (64 columns) per row when the lanes split each row's
     /// columns instead of owning rows (one token only; `matmul_split.comp`'s `SPLIT_K`),
-    /// from [`Kernels::column_split`]; 0: lanes own rows.
+    /// from [`Kernels::column_split`](super::Kernels::column_split); 0: lanes own rows.
     pub split_k: u32,
     /// Every super-block of the dispatch starts on a texel ([`k_texel_aligned`]): the
     /// K-quant decoders' `K_TEXEL_ALIGNED`.
@@ -235,7 +235,7 @@ pub fn k_texel_aligned(wtype: GgmlType, slots: &[Slot]) -> bool {
 
 /// Output rows a workgroup of `wg` invocations with `pairs` row pairs each covers (a
 /// gated pair is a gate row and an up row: one output row).
-pub fn rows_per_workgroup(wg: u32, pairs: u32, gated: bool) -> u32 {
+pub(crate) fn rows_per_workgroup(wg: u32, pairs: u32, gated: bool) -> u32 {
     if gated {
         wg * pairs
     } else {
@@ -282,7 +282,7 @@ pub fn matmul_layout(key: &MatmulKey, push: &mut MatmulPush, slots: &[Slot]) -> 
 /// the rows of `slots` and the tokens of `push` (the caches: any position below
 /// `ctx_len`). The recorder compares them with the bound ranges, so a dispatch never
 /// writes past a buffer (robustBufferAccess is off: that would be undefined behaviour).
-pub fn matmul_write_bytes(
+pub(crate) fn matmul_write_bytes(
     out_mode: OutMode,
     write_xg: bool,
     slots: &[Slot],

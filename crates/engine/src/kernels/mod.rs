@@ -50,7 +50,7 @@ use crate::EngineError;
 
 /// The variable [`Kernels::new`] reads its profile from (kernel tests and benches; the CLI
 /// takes `--kernels`).
-pub const KERNELS_ENV: &str = "VKDECODE_KERNELS";
+pub(crate) const KERNELS_ENV: &str = "VKDECODE_KERNELS";
 
 /// Columns per chunk of `matmul.comp` / `embed.comp`: rows must be a multiple of this.
 pub const CHUNK: usize = 64;
@@ -59,15 +59,13 @@ pub const STEP_FREQS_MAX: usize = 128;
 /// Bytes of one key or value element in the KV cache: f16 ([`arch::KV_ELEMENT_BYTES`],
 /// which every size of the cache is computed from). The writers store pairs of elements
 /// as one word (`packHalf2x16`), attention reads the caches through RGBA16F texel views.
-pub const KV_BYTES: u64 = arch::KV_ELEMENT_BYTES;
-/// Largest workgroup `attention.comp` and `argmax.comp` accept (`MAX_WG`).
-pub const MAX_REDUCE_WG: u32 = 256;
+pub(crate) const KV_BYTES: u64 = arch::KV_ELEMENT_BYTES;
 
 /// Header of the step buffer (GLSL twin: `STEP_BUFFER` in `shaders/include/step.glsl`),
 /// followed by `STEP_FREQS_MAX` f32 rope frequencies and the batch's token ids.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-pub struct StepHeader {
+pub(crate) struct StepHeader {
     /// Position of the batch's first token.
     pub pos0: u32,
     pub pad: [u32; 3],
@@ -79,11 +77,11 @@ pub const STEP_TOKENS_OFFSET: u64 = 16 + 4 * STEP_FREQS_MAX as u64;
 /// ids, then as many positions (`STEP_POS`), then as many KV-cache rows (`STEP_ROW`).
 pub const STEP_MAX_BATCH: usize = 64;
 /// Byte offset of the per-token positions in the step buffer.
-pub const STEP_POS_OFFSET: u64 = STEP_TOKENS_OFFSET + 4 * STEP_MAX_BATCH as u64;
+pub(crate) const STEP_POS_OFFSET: u64 = STEP_TOKENS_OFFSET + 4 * STEP_MAX_BATCH as u64;
 /// Byte offset of the per-token KV-cache rows in the step buffer.
-pub const STEP_ROW_OFFSET: u64 = STEP_POS_OFFSET + 4 * STEP_MAX_BATCH as u64;
+pub(crate) const STEP_ROW_OFFSET: u64 = STEP_POS_OFFSET + 4 * STEP_MAX_BATCH as u64;
 /// Bytes of the step buffer.
-pub const STEP_BYTES: u64 = STEP_ROW_OFFSET + 4 * STEP_MAX_BATCH as u64;
+pub(crate) const STEP_BYTES: u64 = STEP_ROW_OFFSET + 4 * STEP_MAX_BATCH as u64;
 
 /// Whether the matmul and embedding kernels read this weight type: whether the registry
 /// built an embedding gather for it (`variants.rs` builds every kernel over one list of
@@ -181,7 +179,7 @@ impl Kernels {
     }
 
     /// The pipelines of `ctx`'s device in `profile` ([`Shapes::for_profile`]).
-    pub fn with_profile(
+    pub(crate) fn with_profile(
         ctx: &Arc<vk::Context>,
         profile: KernelProfile,
     ) -> Result<Kernels, EngineError> {
@@ -225,12 +223,6 @@ impl Kernels {
         &self.profile
     }
 
-    /// Uses `shapes` for every matmul built afterwards (pipelines are keyed by shape, so
-    /// call it before building the model).
-    pub fn set_shapes(&mut self, shapes: Shapes) {
-        self.shapes = shapes;
-    }
-
     /// The matmul pipeline key of a dispatch of variant `v` for a batch kind, in this
     /// device's shapes.
     pub fn matmul_key(&self, v: &MatmulVariant, batch: Batch) -> MatmulKey {
@@ -255,7 +247,7 @@ impl Kernels {
 
     /// [`MatmulVariant::pairs`] for a one-token column-split dispatch over
     /// views of `rows` rows: on a CPU device, the pairs that spread its workgroups evenly
-    /// over the device's threads ([`MatmulShape::balanced_pairs`]); elsewhere, or without
+    /// over the device's threads (`MatmulShape::balanced_pairs`); elsewhere, or without
     /// the split, 0 (the shape's own).
     pub fn decode_pairs(&self, split_k: u32, gated: bool, rows: &[u32]) -> u32 {
         if split_k == 0 || self.cpu_threads < 2 {
@@ -296,7 +288,7 @@ impl Kernels {
     }
 
     /// The attention pipeline for heads of `head_dim` (a multiple of 4, at most
-    /// [`ATTENTION_MAX_HEAD_DIM`]), created on first request.
+    /// `ATTENTION_MAX_HEAD_DIM`), created on first request.
     pub fn attention(&mut self, head_dim: u32) -> Result<&Pipeline, EngineError> {
         if !self.attention.contains_key(&head_dim) {
             let p = Pipeline::new(&self.ctx, &attention_desc(head_dim)?)?;
@@ -306,7 +298,7 @@ impl Kernels {
     }
 
     /// An attention pipeline created earlier by [`Kernels::attention`].
-    pub fn attention_ref(&self, head_dim: u32) -> Option<&Pipeline> {
+    pub(crate) fn attention_ref(&self, head_dim: u32) -> Option<&Pipeline> {
         self.attention.get(&head_dim)
     }
 
@@ -348,7 +340,7 @@ impl Kernels {
         Ok(&self.embed[&ty])
     }
 
-    pub fn embed_ref(&self, ty: GgmlType) -> Option<&Pipeline> {
+    pub(crate) fn embed_ref(&self, ty: GgmlType) -> Option<&Pipeline> {
         self.embed.get(&ty)
     }
 
@@ -366,7 +358,7 @@ impl Kernels {
         once(&self.ctx, &mut self.heads, &heads_desc()?)
     }
 
-    pub fn heads_ref(&self) -> Option<&Pipeline> {
+    pub(crate) fn heads_ref(&self) -> Option<&Pipeline> {
         self.heads.as_ref()
     }
 
@@ -375,7 +367,7 @@ impl Kernels {
         once(&self.ctx, &mut self.post_norm, &post_norm_desc()?)
     }
 
-    pub fn post_norm_ref(&self) -> Option<&Pipeline> {
+    pub(crate) fn post_norm_ref(&self) -> Option<&Pipeline> {
         self.post_norm.as_ref()
     }
 
@@ -384,7 +376,7 @@ impl Kernels {
         once(&self.ctx, &mut self.softcap, &softcap_desc()?)
     }
 
-    pub fn softcap_ref(&self) -> Option<&Pipeline> {
+    pub(crate) fn softcap_ref(&self) -> Option<&Pipeline> {
         self.softcap.as_ref()
     }
 }

@@ -24,7 +24,7 @@ const _: () = assert!(std::mem::size_of::<PostNormPush>() == 16);
 /// Bindings of `post_norm.comp`: y, w, g, x, xg.
 pub const POST_NORM_BINDINGS: u32 = 5;
 /// Workgroup size of `post_norm.comp` (a power of two: its reduction halves it).
-pub const POST_NORM_WG: u32 = 64;
+pub(crate) const POST_NORM_WG: u32 = 64;
 
 /// The pipeline of `post_norm.comp`: specialisation constant 0 is the workgroup size.
 pub(super) fn post_norm_desc() -> Result<PipelineDesc, EngineError> {

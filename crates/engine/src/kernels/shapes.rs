@@ -30,7 +30,7 @@ pub struct MatmulShape {
 }
 
 /// The row pairs per invocation [`MatmulShape::balanced_pairs`] chooses from.
-pub const BALANCED_PAIRS: std::ops::RangeInclusive<u32> = 2..=16;
+pub(crate) const BALANCED_PAIRS: std::ops::RangeInclusive<u32> = 2..=16;
 
 impl MatmulShape {
     /// The row pairs per invocation (in [`BALANCED_PAIRS`]) that finish a one-token
@@ -45,7 +45,7 @@ impl MatmulShape {
     /// most pairs (the fewest workgroups: each loads its input chunks once). A row's sum
     /// does not depend on the workgroup that computes it, so neither do the bits of the
     /// output.
-    pub fn balanced_pairs(&self, gated: bool, rows: &[u32], threads: u32) -> u32 {
+    pub(crate) fn balanced_pairs(&self, gated: bool, rows: &[u32], threads: u32) -> u32 {
         if threads < 2 || rows.is_empty() {
             return self.pairs;
         }
@@ -73,7 +73,7 @@ pub enum Batch {
     /// shape where it has none.
     Prefill,
     /// Prompt tokens through matmul.comp 4 at a time, where the GEMM cannot run
-    /// ([`Kernels::prefill_batch`](super::Kernels::prefill_batch)).
+    /// (`Kernels::prefill_batch`).
     PrefillMatvec,
 }
 
@@ -96,7 +96,7 @@ pub struct Shapes {
 
 /// The `cpu` profile where 8 lanes are one subgroup (lavapipe at its default vector
 /// width). Decode: 8 lanes × 8 row pairs = 128 rows per workgroup (a matrix may take
-/// other pairs: [`MatmulShape::balanced_pairs`]), one token (measured against 4 pairs,
+/// other pairs: `MatmulShape::balanced_pairs`), one token (measured against 4 pairs,
 /// alternating runs: 19.2 vs 17.9 tok/s median of 7, Q8_0), two pairs in lockstep
 /// (against one: 20.8 vs 18.9 tok/s, median of 5 alternating runs). Prefill: each weight
 /// chunk loaded is used for 4 tokens (about 60 against 50 tok/s over a 200-token prompt).
@@ -120,7 +120,7 @@ pub const CPU: Shapes = Shapes {
 /// `LP_NATIVE_VECTOR_WIDTH` 128 or 512: subgroups of 4 or 16): [`CPU`]'s workgroups with
 /// lanes owning rows, and prefill through matmul.comp 4 tokens at a time, since the
 /// column split and the GEMM both share data across one 8-lane subgroup.
-pub const CPU_ROWS: Shapes = Shapes {
+pub(crate) const CPU_ROWS: Shapes = Shapes {
     name: "cpu-rows",
     gemm: None,
     split_lanes: None,
@@ -153,7 +153,7 @@ pub enum KernelProfile {
     /// By device type: [`KernelProfile::Cpu`] on a CPU device, else [`KernelProfile::Gpu`].
     #[default]
     Auto,
-    /// Shaped for a CPU device (lavapipe): [`CPU`], or [`CPU_ROWS`].
+    /// Shaped for a CPU device (lavapipe): [`CPU`], or `CPU_ROWS`.
     Cpu,
     /// Shaped for a GPU: [`GPU`].
     Gpu,
@@ -209,7 +209,7 @@ impl Shapes {
 
     /// The profile and shapes `profile` means on a device, and why. `auto` takes `cpu` on
     /// a CPU device and `gpu` on any other; `cpu` is [`CPU`] where 8 lanes are one
-    /// subgroup, else [`CPU_ROWS`], and [`GPU`] where neither fits (a device below
+    /// subgroup, else `CPU_ROWS`, and [`GPU`] where neither fits (a device below
     /// Vulkan's minimum limits).
     pub fn for_profile(caps: &Capabilities, profile: KernelProfile) -> ProfileChoice {
         let (profile, mut why) = match profile {

@@ -131,7 +131,7 @@ impl Session {
     /// Which matmul kernel the batched step's head runs (`matrix_matrix`: the prefill
     /// kernel over every token, the default; else the one-token kernel once per token);
     /// for A/B runs. Both keep a token's logits independent of the batch size.
-    pub fn set_batch_head(&mut self, matrix_matrix: bool) {
+    pub(crate) fn set_batch_head(&mut self, matrix_matrix: bool) {
         self.batch.head_mm = matrix_matrix;
     }
 
