@@ -10,7 +10,7 @@ use gguf::GgufFile;
 use vk::checksum::{self, ChecksumPush};
 use vk::{
     Buffer, BufferBinding, BufferDesc, BufferRef, CommandBuffer, Context, ImportedBuffer,
-    MemLocation, Pipeline, PipelineDesc,
+    MemLocation,
 };
 
 use memmap2::MmapMut;
@@ -396,15 +396,7 @@ impl Weights {
     pub fn gpu_checksums(&self) -> Result<Vec<[u32; 2]>, ResidencyError> {
         let ctx = &self.ctx;
         let n = self.views.len().max(1) as u64;
-        let p = Pipeline::new(
-            ctx,
-            &PipelineDesc {
-                kernel: vk::CHECKSUM,
-                n_bindings: 2,
-                push_size: 16,
-                spec: vec![],
-            },
-        )?;
+        let p = checksum::pipeline(ctx)?;
         let out = Buffer::new(
             ctx,
             &BufferDesc::storage("checksums", 8 * n, MemLocation::GpuToCpu),

@@ -1,11 +1,16 @@
-//! CPU twin of `crates/vk/shaders/checksum.comp`, and a helper to run the kernel.
+//! CPU twin of `crates/vk/shaders/checksum.comp`, its pipeline, and a helper to size a
+//! dispatch.
 //!
 //! For each little-endian u32 word `w` with global index `i` (a partial last word is
 //! zero-padded): `h1 = fmix32(w ^ i*0x9E3779B9)`, `h2 = fmix32((w + i*0x85EBCA6B) ^ 0xC2B2AE35)`,
 //! both summed mod 2^32. Sums of parts add up, so a tensor bound as row ranges gives the
 //! same checksum as the whole, provided each part starts at a word boundary.
 
+use std::sync::Arc;
+
 use bytemuck::{Pod, Zeroable};
+
+use crate::{Context, Pipeline, PipelineDesc, VkError, CHECKSUM};
 
 /// Push constants of `checksum.comp` (GLSL twin: `Push` in that file).
 #[repr(C)]
@@ -24,6 +29,20 @@ const _: () = assert!(std::mem::size_of::<ChecksumPush>() == 16);
 
 /// Workgroup size of the kernel.
 pub const LOCAL_SIZE: u32 = 64;
+
+/// The kernel's pipeline: binding 0 the bytes (a storage buffer of words), binding 1 the
+/// pairs of sums; push constants [`ChecksumPush`].
+pub fn pipeline(ctx: &Arc<Context>) -> Result<Pipeline, VkError> {
+    Pipeline::new(
+        ctx,
+        &PipelineDesc {
+            kernel: CHECKSUM,
+            n_bindings: 2,
+            push_size: std::mem::size_of::<ChecksumPush>() as u32,
+            spec: vec![],
+        },
+    )
+}
 
 /// Workgroups to dispatch for `n_bytes` (enough to cover, capped for striding).
 pub fn groups_for(n_bytes: u64) -> u32 {

@@ -47,16 +47,7 @@ impl std::ops::Deref for Serial {
 }
 
 fn checksum_pipeline(ctx: &Arc<Context>) -> Pipeline {
-    Pipeline::new(
-        ctx,
-        &PipelineDesc {
-            kernel: vk::CHECKSUM,
-            n_bindings: 2,
-            push_size: 16,
-            spec: vec![],
-        },
-    )
-    .expect("checksum pipeline")
+    checksum::pipeline(ctx).expect("checksum pipeline")
 }
 
 /// Runs checksum.comp over parts `(binding, byte_offset, n_bytes, word_base)` all
