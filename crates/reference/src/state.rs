@@ -3,6 +3,8 @@
 //! file or a flag (2^58, 2^64-1, ...) is an error naming the context and the bytes it
 //! would take, never a wrapped size, a panic or an abort on allocation.
 
+use std::collections::TryReserveError;
+
 use crate::RefError;
 use arch::Config;
 use half::f16;
@@ -63,7 +65,7 @@ impl State {
         };
         let per_layer = ctx_len
             .checked_mul(cfg.kv_dim())
-            .filter(|n| n.checked_mul(2).is_some())
+            .filter(|n| n.checked_mul(arch::KV_ELEMENT_BYTES as usize).is_some())
             .ok_or_else(|| too_large("larger than the address space".into()))?;
         if let Some(avail) = available_memory() {
             if bytes > u128::from(avail) {
@@ -72,20 +74,9 @@ impl State {
                 )));
             }
         }
-        let zeros = |n: usize| -> Result<Vec<f32>, RefError> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|e| too_large(format!("allocation failed: {e}")))?;
-            v.resize(n, 0.0);
-            Ok(v)
-        };
-        let cache = |n: usize| -> Result<Vec<f16>, RefError> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|e| too_large(format!("allocation failed: {e}")))?;
-            v.resize(n, f16::ZERO);
-            Ok(v)
-        };
+        let refused = |e: TryReserveError| too_large(format!("allocation failed: {e}"));
+        let zeros = |n: usize| try_filled(n, 0.0f32).map_err(refused);
+        let cache = |n: usize| try_filled(n, f16::ZERO).map_err(refused);
         let mut key_cache = Vec::new();
         let mut value_cache = Vec::new();
         for _ in 0..cfg.n_layers {
@@ -154,4 +145,12 @@ fn available_memory() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// `n` copies of `value`, or the allocator's refusal (no abort on a huge `n`).
+fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, TryReserveError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)?;
+    v.resize(n, value);
+    Ok(v)
 }
