@@ -11,6 +11,13 @@
 //!   as its `.stamp` file records, is reused, so editing one shader does not recompile
 //!   the others. Contents, not times: a build directory copied from another checkout
 //!   holds modules newer than sources they were not built from.
+//! - Sharing: every module and pack is also kept in `<target dir>/shader-cache`, named by
+//!   the hash of its stamp. Cargo gives a build script a new `OUT_DIR` whenever the
+//!   features of its build dependencies differ, and the project's builds differ that way
+//!   (`models/fetch` builds `-p vkdecode` for its conversion; clippy and the tests build
+//!   the whole workspace with its dev-dependencies): each unit found an empty `OUT_DIR`
+//!   and compiled every module again, four minutes on 2 cores. Through the cache a second
+//!   unit copies what the first compiled.
 //! - Checking: no module may declare an `OpTypeSampledImage` of a `Dim Buffer` image
 //!   (what `samplerBuffer` compiles to): newer SPIR-V validators, Mesa 25's among them,
 //!   reject it, and `spirv-val` 2023.1 at vulkan1.2 does not catch it.
@@ -92,6 +99,8 @@ pub fn build(include: &Path, includes: &[PathBuf], modules: &[Module], vk: &str,
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let glslc = std::env::var("GLSLC").unwrap_or_else(|_| "glslc".to_string());
     println!("cargo:rerun-if-env-changed=GLSLC");
+    let cache = shared_cache(&out_dir);
+    let cache = cache.as_deref();
 
     let mut hashes: HashMap<&Path, u64> = HashMap::new();
     for m in modules {
@@ -112,7 +121,7 @@ pub fn build(include: &Path, includes: &[PathBuf], modules: &[Module], vk: &str,
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(m) = modules.get(i) else { break };
                 let spv = out_dir.join(format!("{}.spv", m.name));
-                let w = compile(&glslc, include, m, &spv, hashes[m.source.as_path()]);
+                let w = compile(&glslc, include, m, &spv, hashes[m.source.as_path()], cache);
                 words.lock().expect("no panic while holding the lock")[i] = Some(w);
             });
         }
@@ -168,7 +177,7 @@ pub fn build(include: &Path, includes: &[PathBuf], modules: &[Module], vk: &str,
                 let Some((group, bytes)) = packs.get(i) else {
                     break;
                 };
-                pack(bytes, &out_dir.join(format!("{group}.zst")));
+                pack(bytes, &out_dir.join(format!("{group}.zst")), cache);
             });
         }
     });
@@ -311,16 +320,25 @@ fn samples_buffer_image(words: &[u32]) -> bool {
         .any(|(op, w)| op == OP_TYPE_SAMPLED_IMAGE && w.len() >= 2 && buffer_images.contains(&w[1]))
 }
 
-/// Compiles `m` to `spv` unless its stamp shows the same sources, compiler and flags,
-/// and returns its words.
-fn compile(glslc: &str, include: &Path, m: &Module, spv: &Path, sources: u64) -> Vec<u32> {
+/// Compiles `m` to `spv` unless its stamp shows the same sources, compiler and flags
+/// (or the shared cache holds the module of that stamp), and returns its words.
+fn compile(
+    glslc: &str,
+    include: &Path,
+    m: &Module,
+    spv: &Path,
+    sources: u64,
+    cache: Option<&Path>,
+) -> Vec<u32> {
     let flags: Vec<String> = m.defines.iter().map(|d| format!("-D{d}")).collect();
     let stamp = format!("{glslc} {} sources {sources:016x}", flags.join(" "));
     let stamp_path = spv.with_extension("stamp");
     let same = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
-    if !(same && spv.exists()) {
+    let built = (same && spv.exists()) || from_cache(cache, &m.name, "spv", &stamp, spv);
+    if !built {
         run_glslc(glslc, include, m, &flags, spv);
     }
+    keep(cache, &m.name, "spv", &stamp, spv);
     std::fs::write(&stamp_path, stamp).expect("write the stamp");
     let bytes = std::fs::read(spv).expect("read SPIR-V");
     assert!(
@@ -384,14 +402,20 @@ const PACK_LEVEL: i32 = 19;
 
 /// Compresses `bytes` (one group's modules, concatenated) into `zst`, reusing the file
 /// when its stamp records the same contents and level.
-fn pack(bytes: &[u8], zst: &Path) {
+fn pack(bytes: &[u8], zst: &Path, cache: Option<&Path>) {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
     let stamp = format!("zstd {PACK_LEVEL} long contents {:016x}", h.finish());
     let stamp_path = zst.with_extension("zst.stamp");
     let same = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+    let group = zst.file_stem().and_then(|s| s.to_str()).unwrap_or("pack");
     if same && zst.exists() {
+        keep(cache, group, "zst", &stamp, zst);
+        return;
+    }
+    if from_cache(cache, group, "zst", &stamp, zst) {
+        std::fs::write(&stamp_path, stamp).expect("write the pack's stamp");
         return;
     }
     let mut enc = zstd::bulk::Compressor::new(PACK_LEVEL).expect("zstd compressor");
@@ -401,7 +425,74 @@ fn pack(bytes: &[u8], zst: &Path) {
     enc.long_distance_matching(true).expect("zstd long mode");
     let frame = enc.compress(bytes).expect("zstd compress");
     std::fs::write(zst, frame).expect("write a pack");
+    keep(cache, group, "zst", &stamp, zst);
     std::fs::write(&stamp_path, stamp).expect("write the pack's stamp");
+}
+
+/// The directory shared by every build-script unit of one target directory:
+/// `<target dir>/shader-cache`, found from `OUT_DIR` (`<target dir>/<profile>/build/
+/// <unit>/out`, or with a target triple between). `None` (no sharing, nothing breaks)
+/// when `OUT_DIR` is laid out otherwise or the directory cannot be made.
+fn shared_cache(out_dir: &Path) -> Option<PathBuf> {
+    let build = out_dir.parent()?.parent()?;
+    if build.file_name()? != "build" {
+        return None;
+    }
+    let mut target = build.parent()?.parent()?;
+    if !target.join("CACHEDIR.TAG").exists() {
+        // a target triple's directory: its parent is the target directory
+        target = target
+            .parent()
+            .filter(|t| t.join("CACHEDIR.TAG").exists())?;
+    }
+    let dir = target.join("shader-cache");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir)
+}
+
+/// The cache's file for `name` built as `stamp`: `<name>.<hash of stamp>.<ext>`.
+fn cache_entry(cache: &Path, name: &str, ext: &str, stamp: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    stamp.hash(&mut h);
+    cache.join(format!("{name}.{:016x}.{ext}", h.finish()))
+}
+
+/// Copies the cached file of `name` built as `stamp` to `out`; false when there is none.
+fn from_cache(cache: Option<&Path>, name: &str, ext: &str, stamp: &str, out: &Path) -> bool {
+    cache.is_some_and(|c| std::fs::copy(cache_entry(c, name, ext, stamp), out).is_ok())
+}
+
+/// Keeps `built` (the file of `name` built as `stamp`) in the cache unless it is there,
+/// replacing the entries of `name` built from other sources (so that editing a shader
+/// does not pile up modules). Written under a temporary name and renamed, so a build
+/// script that runs beside this one reads a whole file or none. Best effort: the cache
+/// is only a shortcut.
+fn keep(cache: Option<&Path>, name: &str, ext: &str, stamp: &str, built: &Path) {
+    let Some(cache) = cache else { return };
+    let entry = cache_entry(cache, name, ext, stamp);
+    if entry.exists() {
+        return;
+    }
+    if let Ok(rd) = std::fs::read_dir(cache) {
+        let prefix = format!("{name}.");
+        let suffix = format!(".{ext}");
+        for e in rd.flatten() {
+            let file = e.file_name();
+            let Some(f) = file.to_str() else { continue };
+            let stale = f
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(&suffix))
+                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if stale && e.path() != entry {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let tmp = entry.with_extension(format!("{ext}.{}.tmp", std::process::id()));
+    if std::fs::copy(built, &tmp).is_ok() && std::fs::rename(&tmp, &entry).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 #[cfg(test)]
@@ -459,6 +550,78 @@ mod tests {
         w.extend(op(OP_TYPE_POINTER, &[5, 0, ty]));
         w.extend(op(OP_VARIABLE, &[5, 20, 0]));
         w
+    }
+
+    /// A module compiled under one build-script unit's `OUT_DIR` is copied from the
+    /// shared cache into another unit's instead of being compiled again; a module built
+    /// from other sources is compiled and replaces the old entry. The compiler is a script
+    /// that logs each call and writes a fixed module.
+    #[test]
+    fn a_second_unit_reuses_the_modules_of_the_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("shader-build-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let target = root.join("target");
+        let units = [1, 2].map(|u| target.join(format!("release/build/engine-{u}/out")));
+        for u in &units {
+            std::fs::create_dir_all(u).unwrap();
+        }
+        std::fs::write(target.join("CACHEDIR.TAG"), "").unwrap();
+        let words = module(false);
+        let fixed = root.join("fixed.spv");
+        std::fs::write(
+            &fixed,
+            words
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let log = root.join("calls");
+        let glslc = root.join("glslc");
+        std::fs::write(
+            &glslc,
+            format!(
+                "#!/bin/sh\necho call >> {log}\nwhile [ $# -gt 1 ]; do [ \"$1\" = -o ] && out=$2; shift; done\ncp {fixed} \"$out\"\n",
+                log = log.display(),
+                fixed = fixed.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&glslc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let glslc = glslc.to_str().unwrap();
+        let calls = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        let m = Module {
+            name: "matmul.q8_0".into(),
+            source: root.join("matmul.comp"),
+            defines: vec!["WTYPE_Q8_0".into()],
+        };
+        let cache = shared_cache(&units[0]).expect("a cache beside the target directory");
+        assert_eq!(cache, target.join("shader-cache"));
+        assert_eq!(shared_cache(&units[1]).as_deref(), Some(cache.as_path()));
+        let spv = |u: usize| units[u].join("matmul.q8_0.spv");
+
+        assert_eq!(compile(glslc, &root, &m, &spv(0), 1, Some(&cache)), words);
+        assert_eq!(calls(), 1);
+        assert_eq!(compile(glslc, &root, &m, &spv(1), 1, Some(&cache)), words);
+        assert_eq!(calls(), 1, "the second unit compiled the module again");
+        assert!(spv(1).exists());
+        // the same unit again: its own stamp, no compiler either
+        compile(glslc, &root, &m, &spv(1), 1, Some(&cache));
+        assert_eq!(calls(), 1);
+        // other sources: compiled, and the cache holds the new module only
+        compile(glslc, &root, &m, &spv(1), 2, Some(&cache));
+        assert_eq!(calls(), 2);
+        let entries: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        // without a target directory's layout there is no cache, and nothing breaks
+        assert_eq!(shared_cache(&root.join("elsewhere/out")), None);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
