@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{patch_u32_slot, q8, Mutator, TempDir};
+use common::{patch_u32_slot, q8, Mutator, Rewriter, TempDir};
 use gguf::{Value, ValueType};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -180,7 +180,7 @@ fn run(args: &[String], dir: &Path) -> Ran {
 fn mutated_metadata_through_the_whole_cli() {
     let model = q8();
     let model_kb = std::fs::metadata(&model).unwrap().len() / 1024;
-    let mutator = Mutator::new(&model);
+    let mut mutator = Mutator::new(&model);
     let keys: Vec<(String, Value)> = mutator
         .metadata
         .iter()
@@ -221,34 +221,34 @@ fn mutated_metadata_through_the_whole_cli() {
     let queue = Mutex::new(cases.clone());
     let failures = Mutex::new(Vec::<String>::new());
     let refused = Mutex::new(0usize);
+    let base = std::mem::take(&mut mutator.bytes);
     let mutator = Mutex::new(mutator);
     let started = Instant::now();
     std::thread::scope(|s| {
         for w in 0..workers {
-            let (queue, failures, refused, mutator, baseline) =
-                (&queue, &failures, &refused, &mutator, &baseline);
+            let (queue, failures, refused, mutator, baseline, base) =
+                (&queue, &failures, &refused, &mutator, &baseline, &base);
             s.spawn(move || {
                 let dir = TempDir::new(&format!("mutation-{w}"));
                 let path: PathBuf = dir.join("m.gguf");
+                let mut file = Rewriter::new(base, &path);
                 loop {
                     let Some((key, v)) = queue.lock().unwrap().pop() else {
                         break;
                     };
-                    {
+                    if key == "general.alignment" {
+                        let (tag, bytes) = alignment_patch(v).unwrap();
+                        file.write(|w| patch_u32_slot(base, &key, tag, bytes, w));
+                    } else {
                         let mut mu = mutator.lock().unwrap();
-                        if key == "general.alignment" {
-                            let (tag, bytes) = alignment_patch(v).unwrap();
-                            patch_u32_slot(&mu.bytes, &key, tag, bytes, &path);
-                        } else {
-                            let orig = mu
-                                .metadata
-                                .iter()
-                                .find(|(k, _)| *k == key)
-                                .unwrap()
-                                .1
-                                .clone();
-                            mu.write_with(&key, value_for(&orig, v), &path);
-                        }
+                        let orig = mu
+                            .metadata
+                            .iter()
+                            .find(|(k, _)| *k == key)
+                            .unwrap()
+                            .1
+                            .clone();
+                        file.write(|w| mu.write_into(&key, value_for(&orig, v), w));
                     }
                     let mut vulkan_ok = false;
                     let mut reference_nonfinite = false;
