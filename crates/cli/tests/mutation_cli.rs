@@ -16,6 +16,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -310,4 +311,28 @@ fn mutated_metadata_through_the_whole_cli() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The rewritten file is each variant exactly, whatever the one before it changed: the
+/// same length, longer (the data moved), shorter, the base again, and a change in the
+/// last, partial block.
+#[test]
+fn the_rewriter_leaves_each_variant_whole() {
+    let base: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let dir = TempDir::new("rewriter");
+    let path = dir.join("f");
+    let mut file = Rewriter::new(&base, &path);
+    assert_eq!(std::fs::read(&path).unwrap(), base);
+    let mut header = base.clone();
+    header[10..14].copy_from_slice(b"ABCD");
+    let mut longer = base[..100].to_vec();
+    longer.extend_from_slice(&[1; 5000]);
+    longer.extend_from_slice(&base[100..]);
+    let shorter = base[..70_000].to_vec();
+    let mut tail = base.clone();
+    *tail.last_mut().unwrap() ^= 0xff;
+    for variant in [&header, &longer, &shorter, &base, &tail, &header, &base] {
+        file.write(|w| w.write_all(variant));
+        assert!(std::fs::read(&path).unwrap() == *variant);
+    }
 }

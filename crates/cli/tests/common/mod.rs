@@ -181,6 +181,9 @@ impl<'a> Rewriter<'a> {
         sink.flush().unwrap();
         let len = sink.index * BLOCK + sink.block.len();
         self.file.set_len(len as u64).unwrap();
+        // a variant shorter than `base` cut off the blocks after its end
+        self.dirty
+            .extend(len / BLOCK..self.base.len().div_ceil(BLOCK));
     }
 }
 
