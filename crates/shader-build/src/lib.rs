@@ -490,7 +490,8 @@ fn keep(cache: Option<&Path>, name: &str, ext: &str, stamp: &str, built: &Path) 
         }
     }
     let tmp = entry.with_extension(format!("{ext}.{}.tmp", std::process::id()));
-    if std::fs::copy(built, &tmp).is_ok() && std::fs::rename(&tmp, &entry).is_err() {
+    let stored = std::fs::copy(built, &tmp).is_ok() && std::fs::rename(&tmp, &entry).is_ok();
+    if !stored {
         let _ = std::fs::remove_file(&tmp);
     }
 }
