@@ -352,6 +352,14 @@ fn compile(
         .collect()
 }
 
+/// A hash of `x` (the key of a pack's contents and of a cache entry's stamp).
+fn hash_of(x: &(impl std::hash::Hash + ?Sized)) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    x.hash(&mut h);
+    h.finish()
+}
+
 /// A hash of the files' contents, in order (the cache key of a module's sources).
 fn hash_files(paths: &[&Path]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -403,10 +411,7 @@ const PACK_LEVEL: i32 = 19;
 /// Compresses `bytes` (one group's modules, concatenated) into `zst`, reusing the file
 /// when its stamp records the same contents and level.
 fn pack(bytes: &[u8], zst: &Path, cache: Option<&Path>) {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    let stamp = format!("zstd {PACK_LEVEL} long contents {:016x}", h.finish());
+    let stamp = format!("zstd {PACK_LEVEL} long contents {:016x}", hash_of(bytes));
     let stamp_path = zst.with_extension("zst.stamp");
     let same = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
     let group = zst.file_stem().and_then(|s| s.to_str()).unwrap_or("pack");
@@ -452,10 +457,7 @@ fn shared_cache(out_dir: &Path) -> Option<PathBuf> {
 
 /// The cache's file for `name` built as `stamp`: `<name>.<hash of stamp>.<ext>`.
 fn cache_entry(cache: &Path, name: &str, ext: &str, stamp: &str) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    stamp.hash(&mut h);
-    cache.join(format!("{name}.{:016x}.{ext}", h.finish()))
+    cache.join(format!("{name}.{:016x}.{ext}", hash_of(stamp)))
 }
 
 /// Copies the cached file of `name` built as `stamp` to `out`; false when there is none.
